@@ -1,0 +1,226 @@
+//! The backend contract: [`SandboxClient`] makes and finds boxes, [`BoxHandle`] is one box's
+//! primitives. Everything else (the 4-branch start, snapshots, projection, the call lifecycle)
+//! is core's, built on these primitives once.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::exec::{ExecRequest, ExecResult};
+use crate::isolation::IsolationKey;
+use crate::path::RelPath;
+use crate::spec::WorkspaceSpec;
+use crate::state::SandboxState;
+use crate::stream::ByteStream;
+
+/// What a backend can do; an operation it cannot do returns [`Error::NotSupported`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Bind-mount entries are honoured.
+    pub bind_mounts: bool,
+    /// Read-only bind mounts are enforced.
+    pub read_only_bind_mounts: bool,
+    /// The box can be kept between calls ([`Persistence::Keep`]).
+    pub keep: bool,
+    /// Commands are isolated from the host by a kernel boundary (container, VM, namespaces).
+    pub isolated: bool,
+}
+
+/// What happens to a self-managed box when a call releases it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Persistence {
+    /// Remove the box; the next call restores the workspace from its snapshot (branch B/C),
+    /// or starts cold if there is none. The spec's "workspace" persistence.
+    #[default]
+    Ephemeral,
+    /// Stop but keep the box; the next call on the same isolation key finds it and warm-starts
+    /// (branch A). The spec's "sandbox" persistence.
+    Keep,
+}
+
+/// Arguments of [`SandboxClient::create`].
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct CreateRequest<'a> {
+    /// The workspace layout (root, env, bind mounts are needed at creation).
+    pub spec: &'a WorkspaceSpec,
+    /// The isolation key, when the box belongs to a slot: backends derive deterministic box
+    /// names from it so the same key finds the same box.
+    pub key: Option<&'a IsolationKey>,
+}
+
+impl<'a> CreateRequest<'a> {
+    /// A request for `spec` under `key`.
+    pub fn new(spec: &'a WorkspaceSpec, key: Option<&'a IsolationKey>) -> Self {
+        CreateRequest { spec, key }
+    }
+}
+
+/// Makes and finds boxes of one backend.
+#[async_trait]
+pub trait SandboxClient: Send + Sync + fmt::Debug + 'static {
+    /// The backend's tag, equal to its state's `type` tag.
+    fn backend(&self) -> &'static str;
+
+    /// What this backend supports.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Make a new box (not yet booted). With a key, a backend with deterministic names may
+    /// find and adopt an existing box of that name that it owns, and must refuse one it does
+    /// not own with [`Error::Conflict`].
+    async fn create(&self, request: CreateRequest<'_>) -> Result<Box<dyn BoxHandle>>;
+
+    /// Reattach to the box `state` describes. The box may be gone; [`BoxHandle::boot`] then
+    /// recreates it and [`BoxHandle::workspace_exists`] reports the loss.
+    async fn resume(
+        &self,
+        state: &dyn SandboxState,
+        spec: &WorkspaceSpec,
+    ) -> Result<Box<dyn BoxHandle>>;
+
+    /// Remove every resource `state` describes. Removing what is already gone is not an error.
+    async fn delete(&self, state: &dyn SandboxState) -> Result<()>;
+}
+
+/// Kind of a tree entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryType {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link.
+    Symlink,
+    /// Anything else (fifo, socket, device): never archived.
+    Other,
+}
+
+/// One entry of [`BoxHandle::list`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct TreeEntry {
+    /// Workspace-relative path.
+    pub path: RelPath,
+    /// Kind.
+    pub kind: EntryType,
+    /// Size in bytes (files), 0 otherwise.
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Inode number where the backend knows it (change detection).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inode: Option<u64>,
+    /// Link target, for symlinks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_target: Option<String>,
+}
+
+impl TreeEntry {
+    /// An entry with the given fields and no inode or link target.
+    pub fn new(path: RelPath, kind: EntryType, size: u64, mtime_ns: i64, mode: u32) -> Self {
+        TreeEntry {
+            path,
+            kind,
+            size,
+            mtime_ns,
+            mode,
+            inode: None,
+            link_target: None,
+        }
+    }
+}
+
+/// What [`BoxHandle::export`] puts in its tar stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExportRequest {
+    /// Only these paths (and what is under them); `None` is the whole workspace.
+    pub paths: Option<Vec<RelPath>>,
+    /// Leave these paths (and what is under them) out.
+    pub exclude: Vec<RelPath>,
+    /// Leave out paths matching these globs (workspace-relative; `*`, `?`, `**`).
+    pub exclude_globs: Vec<String>,
+}
+
+/// How [`BoxHandle::import`] applies a tar stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ImportMode {
+    /// Extract over the live workspace, replacing files of the same name (entries,
+    /// projection). Never writes through a symlink that is already in the workspace.
+    Merge,
+    /// Make the workspace exactly the archive. The backend receives the whole stream into a
+    /// staging area first and touches the live workspace only if the stream ended without an
+    /// error; then it swaps the staged tree in. Paths in `keep` (bind mounts) are carried over
+    /// from the live workspace untouched.
+    Replace {
+        /// Live paths to keep as they are.
+        keep: Vec<RelPath>,
+    },
+}
+
+/// One box's primitives. Implemented by each backend; used through [`crate::Sandbox`].
+///
+/// The tar streams exchanged hold workspace-relative paths (`a/b.txt`, no leading `/` or
+/// `./`). Streams handed to `import` come from core and are already validated; backends still
+/// must not follow symlinks in the live workspace when writing.
+#[async_trait]
+pub trait BoxHandle: Send + Sync + fmt::Debug + 'static {
+    /// The backend's tag.
+    fn backend(&self) -> &'static str;
+
+    /// Absolute workspace root inside the box.
+    fn workspace_root(&self) -> &str;
+
+    /// The backend's state for this box. Its common part is filled in by core, so backends may
+    /// return a default one.
+    fn state(&self) -> Box<dyn SandboxState>;
+
+    /// Make sure the box exists and runs (create or start it as needed). Idempotent.
+    async fn boot(&self) -> Result<()>;
+
+    /// End of a self-managed call: stop and keep ([`Persistence::Keep`]) or remove
+    /// ([`Persistence::Ephemeral`]) according to the backend's configuration.
+    async fn release(&self) -> Result<()>;
+
+    /// Remove the box and everything it holds, whatever the persistence.
+    async fn destroy(&self) -> Result<()>;
+
+    /// Whether the workspace root exists in the box right now.
+    async fn workspace_exists(&self) -> Result<bool>;
+
+    /// Run a command. A timeout kills the command's whole process tree inside the box and
+    /// returns the output so far with `timed_out = true`.
+    async fn exec(&self, request: ExecRequest) -> Result<ExecResult>;
+
+    /// Every entry under the workspace root, excluding the root itself.
+    async fn list(&self) -> Result<Vec<TreeEntry>>;
+
+    /// The workspace (or part of it) as a tar stream.
+    async fn export(&self, request: &ExportRequest) -> Result<ByteStream>;
+
+    /// Apply a tar stream to the workspace.
+    async fn import(&self, archive: ByteStream, mode: ImportMode) -> Result<()>;
+
+    /// Read one file.
+    async fn read_file(&self, path: &RelPath) -> Result<Bytes>;
+
+    /// Write one file (parents created), replacing it atomically where the backend can.
+    async fn write_file(&self, path: &RelPath, data: Bytes, mode: u32) -> Result<()>;
+
+    /// Remove paths (recursively); missing paths are not an error.
+    async fn remove(&self, paths: &[RelPath]) -> Result<()>;
+}
+
+/// The error a backend returns for an operation it does not implement.
+pub fn not_supported(backend: &'static str, operation: &'static str) -> Error {
+    Error::NotSupported { backend, operation }
+}

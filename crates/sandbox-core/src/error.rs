@@ -1,0 +1,321 @@
+//! The one error type of the workspace.
+//!
+//! Backends keep private error enums and convert at their crate edge; callers only ever see
+//! [`Error`], classified by [`ErrorKind`]. Every variant carries what a user needs to act on it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A boxed source error.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result alias used throughout the workspace.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Broad classification of an [`Error`], for callers that branch on what went wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The thing asked for does not exist.
+    NotFound,
+    /// Something else holds the name, the slot or a newer version.
+    Conflict,
+    /// An operation ran out of time.
+    Timeout,
+    /// The caller passed something unacceptable (bad path, bad spec, bad archive).
+    InvalidInput,
+    /// A service the operation needs could not be reached.
+    Unavailable,
+    /// The backend does not implement the operation.
+    NotSupported,
+    /// Stored data (state JSON, a snapshot) is damaged or of an unknown kind.
+    Corrupt,
+    /// A backend reported a failure of its own.
+    Backend,
+    /// A local I/O operation failed.
+    Io,
+}
+
+/// Errors of sandbox-harness.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The named thing does not exist.
+    #[error("{what} not found: {key}")]
+    NotFound {
+        /// What kind of thing was looked up ("snapshot", "box", "file").
+        what: &'static str,
+        /// The key, path or id that was looked up.
+        key: String,
+    },
+
+    /// A name, slot or version is held by someone else.
+    #[error("conflict on {key}: {reason}")]
+    Conflict {
+        /// The contended key or name.
+        key: String,
+        /// What holds it.
+        reason: String,
+    },
+
+    /// The lease used to save state was superseded by a newer holder.
+    #[error("stale lease on {key}: fencing token {token} is older than {current}")]
+    StaleLease {
+        /// The isolation key whose slot was written.
+        key: String,
+        /// The token the writer held.
+        token: u64,
+        /// The newest token the store has seen.
+        current: u64,
+    },
+
+    /// An operation ran out of time.
+    #[error("{operation} timed out after {after:?}")]
+    Timeout {
+        /// What was being done.
+        operation: String,
+        /// The limit that was hit.
+        after: Duration,
+    },
+
+    /// The caller passed something unacceptable.
+    #[error("invalid {what}: {reason}")]
+    InvalidInput {
+        /// Which input ("workspace path", "spec", "blob key").
+        what: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+
+    /// A path tried to leave the directory it must stay in.
+    #[error("path `{path}` is not allowed: {reason}")]
+    PathEscape {
+        /// The offending path as given.
+        path: String,
+        /// Which rule it broke.
+        reason: String,
+    },
+
+    /// An archive entry broke a safety rule; nothing was written to the live workspace.
+    #[error("unsafe archive entry `{path}`: {reason}")]
+    UnsafeArchive {
+        /// The entry's path as stored in the archive.
+        path: String,
+        /// Which rule it broke.
+        reason: String,
+    },
+
+    /// A snapshot could not be restored completely; the live workspace was left as it was.
+    #[error("snapshot `{snapshot}` could not be restored: {reason}")]
+    RestoreIncomplete {
+        /// The snapshot id.
+        snapshot: String,
+        /// What went wrong.
+        reason: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// Stored state JSON names a `type` this binary has no backend for.
+    #[error("unknown sandbox state type `{tag}`; this binary knows: {}", known.join(", "))]
+    UnknownStateType {
+        /// The tag found in the JSON.
+        tag: String,
+        /// The tags of all linked backends.
+        known: Vec<String>,
+    },
+
+    /// Stored state JSON could not be parsed.
+    #[error("malformed sandbox state: {reason}")]
+    MalformedState {
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The backend does not implement the operation.
+    #[error("{operation} is not supported by the {backend} backend")]
+    NotSupported {
+        /// The backend's tag.
+        backend: &'static str,
+        /// The operation that was asked for.
+        operation: &'static str,
+    },
+
+    /// A service the operation needs could not be reached.
+    #[error("{service} is unavailable: {reason}")]
+    Unavailable {
+        /// The service ("docker engine", "redis at 127.0.0.1:6379").
+        service: String,
+        /// What happened.
+        reason: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// A backend reported a failure of its own.
+    #[error("{backend} backend failed during {operation}: {message}")]
+    Backend {
+        /// The backend's tag.
+        backend: &'static str,
+        /// What was being done.
+        operation: &'static str,
+        /// What the backend said.
+        message: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// A local I/O operation failed.
+    #[error("I/O error on {}: {source}", path.display())]
+    Io {
+        /// The path being worked on.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// The broad class of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::NotFound { .. } => ErrorKind::NotFound,
+            Error::Conflict { .. } | Error::StaleLease { .. } => ErrorKind::Conflict,
+            Error::Timeout { .. } => ErrorKind::Timeout,
+            Error::InvalidInput { .. } | Error::PathEscape { .. } | Error::UnsafeArchive { .. } => {
+                ErrorKind::InvalidInput
+            }
+            Error::RestoreIncomplete { .. }
+            | Error::UnknownStateType { .. }
+            | Error::MalformedState { .. } => ErrorKind::Corrupt,
+            Error::NotSupported { .. } => ErrorKind::NotSupported,
+            Error::Unavailable { .. } => ErrorKind::Unavailable,
+            Error::Backend { .. } => ErrorKind::Backend,
+            Error::Io { .. } => ErrorKind::Io,
+        }
+    }
+
+    /// Whether retrying the same idempotent call later may succeed.
+    ///
+    /// Never retry a non-idempotent call (create, exec) on this alone.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind(), ErrorKind::Timeout | ErrorKind::Unavailable)
+    }
+
+    /// An I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// An invalid-input error.
+    pub fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            what,
+            reason: reason.into(),
+        }
+    }
+
+    /// A backend failure without a source error.
+    pub fn backend(
+        backend: &'static str,
+        operation: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Error::Backend {
+            backend,
+            operation,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An unsafe-archive error.
+    pub fn unsafe_archive(path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::UnsafeArchive {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A path-escape error.
+    pub fn path_escape(path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::PathEscape {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Convert a bare `std::io::Error` whose path is unknown (stream plumbing).
+impl From<std::io::Error> for Error {
+    fn from(source: std::io::Error) -> Self {
+        // An io::Error that wraps one of ours (passed through a stream adapter) is unwrapped.
+        if source.get_ref().is_some_and(|inner| inner.is::<Error>()) {
+            if let Ok(inner) = source
+                .into_inner()
+                .expect("checked above")
+                .downcast::<Error>()
+            {
+                return *inner;
+            }
+            unreachable!("checked the type above");
+        }
+        Error::Io {
+            path: PathBuf::new(),
+            source,
+        }
+    }
+}
+
+impl From<Error> for std::io::Error {
+    fn from(err: Error) -> Self {
+        let kind = match err.kind() {
+            ErrorKind::NotFound => std::io::ErrorKind::NotFound,
+            ErrorKind::InvalidInput => std::io::ErrorKind::InvalidData,
+            ErrorKind::Timeout => std::io::ErrorKind::TimedOut,
+            _ => std::io::ErrorKind::Other,
+        };
+        std::io::Error::new(kind, err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_roundtrip_keeps_our_error() {
+        let ours = Error::unsafe_archive("../x", "climbs out");
+        let io: std::io::Error = ours.into();
+        let back: Error = io.into();
+        assert!(matches!(back, Error::UnsafeArchive { ref path, .. } if path == "../x"));
+    }
+
+    #[test]
+    fn kinds_and_retry() {
+        assert_eq!(
+            Error::NotSupported {
+                backend: "local",
+                operation: "pause"
+            }
+            .kind(),
+            ErrorKind::NotSupported
+        );
+        assert!(
+            Error::Unavailable {
+                service: "x".into(),
+                reason: "down".into(),
+                source: None
+            }
+            .is_retryable()
+        );
+        assert!(!Error::invalid("spec", "bad").is_retryable());
+    }
+}

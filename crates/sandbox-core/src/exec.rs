@@ -1,0 +1,344 @@
+//! Running commands in a box: the request, the result, and a capped output collector every
+//! backend shares.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// What to run.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Command {
+    /// A shell command line, run with the backend's shell (`bash -c` locally, `sh -c` in
+    /// containers that have no bash). Not a login shell: no profile is read.
+    Shell(String),
+    /// An argument vector, run without a shell.
+    Argv(Vec<String>),
+}
+
+impl Command {
+    /// The argv that runs this command with `shell` (e.g. `["bash", "-c"]`).
+    pub fn to_argv(&self, shell: &[&str]) -> Vec<String> {
+        match self {
+            Command::Shell(line) => shell
+                .iter()
+                .map(|s| (*s).to_owned())
+                .chain(std::iter::once(line.clone()))
+                .collect(),
+            Command::Argv(argv) => argv.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Command::Shell(line) => write!(f, "sh {line:?}"),
+            Command::Argv(argv) => write!(f, "argv {argv:?}"),
+        }
+    }
+}
+
+/// Per-stream caps on captured output. Output beyond a cap is read and discarded (so the
+/// command never blocks on a full pipe) and the result is flagged truncated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutputLimits {
+    /// Most stdout bytes kept. Default 1 MiB.
+    pub stdout: usize,
+    /// Most stderr bytes kept. Default 1 MiB.
+    pub stderr: usize,
+}
+
+impl OutputLimits {
+    /// The same cap for both streams.
+    pub fn both(max: usize) -> Self {
+        OutputLimits {
+            stdout: max,
+            stderr: max,
+        }
+    }
+}
+
+impl Default for OutputLimits {
+    fn default() -> Self {
+        OutputLimits::both(1024 * 1024)
+    }
+}
+
+/// A command to run in a box.
+///
+/// ```
+/// use std::time::Duration;
+/// use sandbox_core::ExecRequest;
+/// let req = ExecRequest::shell("echo hi > out.txt")
+///     .cwd("sub")
+///     .env("GREETING", "hi")
+///     .timeout(Duration::from_secs(5));
+/// assert_eq!(req.timeout, Some(Duration::from_secs(5)));
+/// ```
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ExecRequest {
+    /// What to run.
+    pub command: Command,
+    /// Working directory: relative to the workspace root, or absolute inside the box.
+    /// `None` is the workspace root.
+    pub cwd: Option<String>,
+    /// Variables added to the backend's base environment for this command.
+    pub env: BTreeMap<String, String>,
+    /// Kill the whole process tree after this long. `None` uses the backend's default.
+    pub timeout: Option<Duration>,
+    /// Bytes fed to the command's stdin, which is then closed. `None` gives an empty stdin.
+    pub stdin: Option<Bytes>,
+    /// Output caps.
+    pub limits: OutputLimits,
+}
+
+impl ExecRequest {
+    /// Run `line` with the backend's shell.
+    pub fn shell(line: impl Into<String>) -> Self {
+        Self::new(Command::Shell(line.into()))
+    }
+
+    /// Run an argument vector without a shell.
+    pub fn argv<I, S>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::new(Command::Argv(argv.into_iter().map(Into::into).collect()))
+    }
+
+    fn new(command: Command) -> Self {
+        ExecRequest {
+            command,
+            cwd: None,
+            env: BTreeMap::new(),
+            timeout: None,
+            stdin: None,
+            limits: OutputLimits::default(),
+        }
+    }
+
+    /// Set the working directory.
+    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Add an environment variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+
+    /// Set the timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Feed `stdin` to the command.
+    pub fn stdin(mut self, stdin: impl Into<Bytes>) -> Self {
+        self.stdin = Some(stdin.into());
+        self
+    }
+
+    /// Set the output caps.
+    pub fn limits(mut self, limits: OutputLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+}
+
+/// Environment values are not printed: they may hold secrets.
+impl fmt::Debug for ExecRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecRequest")
+            .field("command", &self.command)
+            .field("cwd", &self.cwd)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("timeout", &self.timeout)
+            .field("stdin", &self.stdin.as_ref().map(Bytes::len))
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+/// What a command did.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExecResult {
+    /// Exit code; `None` when the process was killed by a signal (including our timeout).
+    pub exit_code: Option<i32>,
+    /// Captured stdout, at most the configured cap.
+    pub stdout: Bytes,
+    /// Captured stderr, at most the configured cap.
+    pub stderr: Bytes,
+    /// Stdout exceeded its cap.
+    pub stdout_truncated: bool,
+    /// Stderr exceeded its cap.
+    pub stderr_truncated: bool,
+    /// The timeout fired and the process tree was killed; output is what came before.
+    pub timed_out: bool,
+    /// Wall time from spawn to the end of output.
+    pub duration: Duration,
+}
+
+impl ExecResult {
+    /// Build a result; backends use this with [`CapturedOutput`].
+    pub fn new(
+        exit_code: Option<i32>,
+        output: CapturedOutput,
+        timed_out: bool,
+        duration: Duration,
+    ) -> Self {
+        ExecResult {
+            exit_code,
+            stdout: output.stdout.bytes,
+            stderr: output.stderr.bytes,
+            stdout_truncated: output.stdout.truncated,
+            stderr_truncated: output.stderr.truncated,
+            timed_out,
+            duration,
+        }
+    }
+
+    /// Exited with code 0 and did not time out.
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0) && !self.timed_out
+    }
+
+    /// Either stream was truncated.
+    pub fn truncated(&self) -> bool {
+        self.stdout_truncated || self.stderr_truncated
+    }
+
+    /// Stdout as (lossy) UTF-8.
+    pub fn stdout_str(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.stdout)
+    }
+
+    /// Stderr as (lossy) UTF-8.
+    pub fn stderr_str(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.stderr)
+    }
+}
+
+impl fmt::Debug for ExecResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecResult")
+            .field("exit_code", &self.exit_code)
+            .field("stdout", &self.stdout_str())
+            .field("stderr", &self.stderr_str())
+            .field("truncated", &(self.stdout_truncated, self.stderr_truncated))
+            .field("timed_out", &self.timed_out)
+            .field("duration", &self.duration)
+            .finish()
+    }
+}
+
+/// One stream's capture.
+#[derive(Debug, Default, Clone)]
+pub struct Captured {
+    /// Kept bytes.
+    pub bytes: Bytes,
+    /// More bytes arrived than the cap allowed.
+    pub truncated: bool,
+}
+
+/// Both streams' captures.
+#[derive(Debug, Default, Clone)]
+pub struct CapturedOutput {
+    /// Stdout.
+    pub stdout: Captured,
+    /// Stderr.
+    pub stderr: Captured,
+}
+
+/// Accumulates one stream up to a cap; everything after the cap is counted, not kept.
+#[derive(Debug)]
+pub struct CappedBuffer {
+    buf: BytesMut,
+    cap: usize,
+    truncated: bool,
+}
+
+impl CappedBuffer {
+    /// A buffer keeping at most `cap` bytes.
+    pub fn new(cap: usize) -> Self {
+        CappedBuffer {
+            buf: BytesMut::with_capacity(cap.min(64 * 1024)),
+            cap,
+            truncated: false,
+        }
+    }
+
+    /// Append a chunk.
+    pub fn push(&mut self, chunk: &[u8]) {
+        let room = self.cap.saturating_sub(self.buf.len());
+        if chunk.len() > room {
+            self.truncated = true;
+        }
+        self.buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+
+    /// Finish.
+    pub fn finish(self) -> Captured {
+        Captured {
+            bytes: self.buf.freeze(),
+            truncated: self.truncated,
+        }
+    }
+}
+
+/// Read `reader` to its end, keeping at most `cap` bytes. Never stops reading early, so the
+/// writer cannot block on a full pipe.
+pub async fn read_capped<R: AsyncRead + Unpin>(
+    mut reader: R,
+    cap: usize,
+) -> std::io::Result<Captured> {
+    let mut out = CappedBuffer::new(cap);
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = reader.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(out.finish());
+        }
+        out.push(&chunk[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capped_buffer_truncates() {
+        let mut b = CappedBuffer::new(4);
+        b.push(b"ab");
+        b.push(b"cdef");
+        let c = b.finish();
+        assert_eq!(&c.bytes[..], b"abcd");
+        assert!(c.truncated);
+    }
+
+    #[test]
+    fn debug_hides_env_values() {
+        let req = ExecRequest::shell("true").env("TOKEN", "s3cret");
+        let shown = format!("{req:?}");
+        assert!(shown.contains("TOKEN"));
+        assert!(!shown.contains("s3cret"));
+    }
+
+    #[tokio::test]
+    async fn read_capped_drains_everything() {
+        let data = vec![7u8; 300_000];
+        let c = read_capped(&data[..], 10).await.unwrap();
+        assert_eq!(c.bytes.len(), 10);
+        assert!(c.truncated);
+    }
+}

@@ -1,0 +1,51 @@
+#![doc = include_str!("../README.md")]
+
+pub mod archive;
+mod backend;
+mod error;
+mod exec;
+mod guard;
+mod isolation;
+mod manager;
+mod path;
+pub mod projection;
+mod sandbox;
+pub mod snapshot;
+mod spec;
+mod state;
+mod state_store;
+pub mod stream;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+
+pub use backend::{
+    BoxHandle, Capabilities, CreateRequest, EntryType, ExportRequest, ImportMode, Persistence,
+    SandboxClient, TreeEntry, not_supported,
+};
+pub use error::{BoxError, Error, ErrorKind, Result};
+pub use exec::{
+    CappedBuffer, Captured, CapturedOutput, Command, ExecRequest, ExecResult, OutputLimits,
+    read_capped,
+};
+pub use guard::{InProcessGuard, Lease, LeaseHandle, NoopGuard, SandboxExecutionGuard};
+pub use isolation::{CallContext, GLOBAL_KEY, IsolationKey, IsolationScope};
+pub use manager::{
+    Acquire, AcquiredFrom, ActiveCall, CallReport, Called, SandboxManager, SandboxManagerBuilder,
+};
+pub use path::RelPath;
+pub use projection::{Projection, ProjectionOutcome};
+pub use sandbox::{Sandbox, SandboxConfig, StartBranch, StartReport, StopReport};
+pub use snapshot::{
+    BlobKey, LocalDirSnapshotStore, NoopSnapshotStore, SnapshotRef, SnapshotSpec, SnapshotStore,
+};
+pub use spec::{EntryKind, WorkspaceEntry, WorkspaceSpec, WorkspaceSpecBuilder};
+pub use state::{
+    CommonState, ProjectionRecord, STATE_SCHEMA_VERSION, SandboxState, known_state_tags,
+    state_from_json, state_to_json,
+};
+pub use state_store::{FileStateStore, MemoryStateStore, StateStore};
+
+/// Re-exported for backends implementing the async traits.
+pub use async_trait::async_trait;
+/// Re-exported so backends register state types with the same `typetag` as core.
+pub use typetag;

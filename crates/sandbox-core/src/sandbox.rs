@@ -1,0 +1,442 @@
+//! [`Sandbox`]: one box with its lifecycle — the 4-branch `start`, the snapshotting `stop`,
+//! `shutdown` — implemented once on top of a backend's [`BoxHandle`].
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tracing::Instrument as _;
+
+use crate::archive::{self, PackSource};
+use crate::backend::{BoxHandle, CreateRequest, ImportMode, SandboxClient};
+use crate::error::Result;
+use crate::exec::{ExecRequest, ExecResult};
+use crate::isolation::IsolationKey;
+use crate::path::RelPath;
+use crate::projection::{self, Projection, ProjectionOutcome};
+use crate::snapshot::{self, SnapshotRef, SnapshotSpec};
+use crate::spec::{EntryKind, WorkspaceSpec};
+use crate::state::{CommonState, SandboxState};
+
+/// Everything about a box that is not the backend's: its workspace layout, its snapshots and
+/// its projection.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SandboxConfig {
+    /// Initial workspace layout.
+    pub spec: WorkspaceSpec,
+    /// Where snapshots go (default: nowhere).
+    pub snapshots: SnapshotSpec,
+    /// Host files mirrored in at every start (default: disabled).
+    pub projection: Projection,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            spec: WorkspaceSpec::default(),
+            snapshots: SnapshotSpec::default(),
+            projection: Projection::disabled(),
+        }
+    }
+}
+
+impl SandboxConfig {
+    /// A config with `spec`, no snapshots and no projection.
+    pub fn new(spec: WorkspaceSpec) -> Self {
+        SandboxConfig {
+            spec,
+            ..SandboxConfig::default()
+        }
+    }
+
+    /// Set the snapshot spec.
+    pub fn snapshots(mut self, snapshots: SnapshotSpec) -> Self {
+        self.snapshots = snapshots;
+        self
+    }
+
+    /// Set the projection.
+    pub fn projection(mut self, projection: Projection) -> Self {
+        self.projection = projection;
+        self
+    }
+}
+
+/// How `start` initialized the workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum StartBranch {
+    /// A: the box's workspace is still there; only ephemeral entries were re-applied.
+    Warm,
+    /// B: the box lost its workspace; restored from the snapshot, ephemeral entries re-applied.
+    RestoreEphemeral,
+    /// C: never-ready workspace with a snapshot; restored, all entries re-applied.
+    RestoreAll,
+    /// D: no workspace and no snapshot; initialized from the spec.
+    Cold,
+}
+
+impl StartBranch {
+    /// The spec's letter.
+    pub fn letter(self) -> char {
+        match self {
+            StartBranch::Warm => 'A',
+            StartBranch::RestoreEphemeral => 'B',
+            StartBranch::RestoreAll => 'C',
+            StartBranch::Cold => 'D',
+        }
+    }
+}
+
+impl fmt::Display for StartBranch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self {
+            StartBranch::Warm => "warm start",
+            StartBranch::RestoreEphemeral => "restore + ephemeral entries",
+            StartBranch::RestoreAll => "restore + all entries",
+            StartBranch::Cold => "cold start",
+        };
+        write!(f, "{} ({what})", self.letter())
+    }
+}
+
+/// What `start` did.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct StartReport {
+    /// The branch taken.
+    pub branch: StartBranch,
+    /// The snapshot restored (B, C).
+    pub restored: Option<String>,
+    /// Why the branch differs from what the state promised (e.g. "workspace lost and no
+    /// snapshot to restore").
+    pub note: Option<String>,
+    /// What projection did.
+    pub projection: ProjectionOutcome,
+    /// Wall time.
+    pub duration: Duration,
+}
+
+/// What `stop` did.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct StopReport {
+    /// The snapshot taken, if snapshots are on.
+    pub snapshot: Option<SnapshotRef>,
+    /// Wall time.
+    pub duration: Duration,
+}
+
+/// One box and its lifecycle.
+///
+/// Shareable (`Arc<Sandbox>`): a started, user-managed sandbox can be handed to several calls
+/// in turn. `start`/`stop` are serialized; `exec` and file primitives may run concurrently.
+pub struct Sandbox {
+    handle: Box<dyn BoxHandle>,
+    common: Mutex<CommonState>,
+    config: Arc<SandboxConfig>,
+    key: Option<IsolationKey>,
+    lifecycle: tokio::sync::Mutex<()>,
+}
+
+impl fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("backend", &self.handle.backend())
+            .field("key", &self.key)
+            .field("handle", &self.handle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    /// Create a new box (not started) with `client`.
+    pub async fn create(
+        client: &dyn SandboxClient,
+        config: SandboxConfig,
+        key: Option<&IsolationKey>,
+    ) -> Result<Sandbox> {
+        let handle = client.create(CreateRequest::new(&config.spec, key)).await?;
+        let common = CommonState::new(handle.workspace_root());
+        Ok(Sandbox::from_parts(
+            handle,
+            common,
+            Arc::new(config),
+            key.cloned(),
+        ))
+    }
+
+    /// Reattach to the box `state` describes (not started).
+    pub async fn resume(
+        client: &dyn SandboxClient,
+        config: SandboxConfig,
+        state: &dyn SandboxState,
+        key: Option<&IsolationKey>,
+    ) -> Result<Sandbox> {
+        let handle = client.resume(state, &config.spec).await?;
+        Ok(Sandbox::from_parts(
+            handle,
+            state.common().clone(),
+            Arc::new(config),
+            key.cloned(),
+        ))
+    }
+
+    fn from_parts(
+        handle: Box<dyn BoxHandle>,
+        common: CommonState,
+        config: Arc<SandboxConfig>,
+        key: Option<IsolationKey>,
+    ) -> Sandbox {
+        Sandbox {
+            handle,
+            common: Mutex::new(common),
+            config,
+            key,
+            lifecycle: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The backend's tag.
+    pub fn backend(&self) -> &'static str {
+        self.handle.backend()
+    }
+
+    /// The box's primitives (files, tar import/export, list).
+    pub fn handle(&self) -> &dyn BoxHandle {
+        &*self.handle
+    }
+
+    /// The isolation key this box belongs to, if any.
+    pub fn key(&self) -> Option<&IsolationKey> {
+        self.key.as_ref()
+    }
+
+    /// The box's configuration.
+    pub fn config(&self) -> &SandboxConfig {
+        &self.config
+    }
+
+    /// A copy of the common state.
+    pub fn common(&self) -> CommonState {
+        self.common.lock().expect("common state lock").clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut CommonState)) {
+        f(&mut self.common.lock().expect("common state lock"));
+    }
+
+    /// The full state to persist: the backend's part with core's common part.
+    pub fn state(&self) -> Box<dyn SandboxState> {
+        let mut state = self.handle.state();
+        *state.common_mut() = self.common();
+        state
+    }
+
+    /// Run a command in the box.
+    pub async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
+        let span = tracing::info_span!("exec", backend = self.backend(), key = self.key_str(), command = ?request.command);
+        async {
+            let started = Instant::now();
+            let result = self.handle.exec(request).await;
+            match &result {
+                Ok(r) => tracing::info!(exit_code = ?r.exit_code, timed_out = r.timed_out, truncated = r.truncated(), ms = started.elapsed().as_millis() as u64, "exec done"),
+                Err(e) => tracing::warn!(error = %e, "exec failed"),
+            }
+            result
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn key_str(&self) -> &str {
+        self.key.as_ref().map_or("-", IsolationKey::as_str)
+    }
+
+    /// Boot the box and initialize its workspace by one of the four branches, then project.
+    pub async fn start(&self) -> Result<StartReport> {
+        let _serial = self.lifecycle.lock().await;
+        let span = tracing::info_span!(
+            "start",
+            backend = self.backend(),
+            key = self.key_str(),
+            branch = tracing::field::Empty
+        );
+        async {
+            let started = Instant::now();
+            self.handle.boot().await?;
+            let common = self.common();
+            let exists = common.workspace_root_ready && self.handle.workspace_exists().await?;
+            let mut note = None;
+            let mut restored = None;
+            let branch = match (common.workspace_root_ready, exists, &common.snapshot) {
+                (true, true, _) => {
+                    self.apply_entries(true).await?;
+                    StartBranch::Warm
+                }
+                (ready, _, Some(snap)) => {
+                    self.restore(snap).await?;
+                    restored = Some(snap.id.clone());
+                    self.apply_entries(ready).await?;
+                    if ready { StartBranch::RestoreEphemeral } else { StartBranch::RestoreAll }
+                }
+                (ready, _, None) => {
+                    if ready {
+                        let why = if self.config.snapshots.enabled() {
+                            "workspace lost and no snapshot was ever taken: starting cold"
+                        } else {
+                            "workspace lost and snapshots are off: starting cold"
+                        };
+                        tracing::warn!("{why}");
+                        note = Some(why.to_owned());
+                    }
+                    self.cold_init().await?;
+                    StartBranch::Cold
+                }
+            };
+            tracing::Span::current().record("branch", tracing::field::display(branch.letter()));
+            self.update(|c| c.workspace_root_ready = true);
+            let current = self.common().projection;
+            let (record, projection) = projection::apply(&self.config.projection, &*self.handle, current.as_ref()).await?;
+            self.update(|c| c.projection = record);
+            let report = StartReport { branch, restored, note, projection, duration: started.elapsed() };
+            tracing::info!(branch = %report.branch, projection = ?report.projection, ms = report.duration.as_millis() as u64, "started");
+            Ok(report)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Snapshot the workspace (if snapshots are on) and record it in the state.
+    pub async fn stop(&self) -> Result<StopReport> {
+        let _serial = self.lifecycle.lock().await;
+        let span = tracing::info_span!("stop", backend = self.backend(), key = self.key_str());
+        async {
+            let started = Instant::now();
+            let mut taken = None;
+            if self.config.snapshots.enabled() {
+                let spec = &self.config.spec;
+                let projection_hash = self.common().projection_hash().map(str::to_owned);
+                let snap = snapshot::take(
+                    &*self.handle,
+                    &self.config.snapshots,
+                    spec.unarchived_paths(),
+                    spec.snapshot_excludes.clone(),
+                    projection_hash,
+                )
+                .await?;
+                tracing::info!(snapshot = %snap.id, bytes = snap.size, "snapshot taken");
+                self.update(|c| c.snapshot = Some(snap.clone()));
+                taken = Some(snap);
+            }
+            self.update(|c| c.workspace_root_ready = true);
+            let report = StopReport {
+                snapshot: taken,
+                duration: started.elapsed(),
+            };
+            tracing::info!(ms = report.duration.as_millis() as u64, "stopped");
+            Ok(report)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// End of a self-managed call: keep or remove the box per the backend's persistence.
+    pub async fn shutdown(&self) -> Result<()> {
+        let _serial = self.lifecycle.lock().await;
+        self.handle.release().await
+    }
+
+    /// Remove the box whatever the persistence.
+    pub async fn destroy(&self) -> Result<()> {
+        let _serial = self.lifecycle.lock().await;
+        self.handle.destroy().await
+    }
+
+    async fn restore(&self, snap: &SnapshotRef) -> Result<()> {
+        let keep: Vec<RelPath> = self
+            .config
+            .spec
+            .bind_mounts()
+            .map(|(p, _, _)| p.clone())
+            .collect();
+        snapshot::restore(&*self.handle, &self.config.snapshots, snap, keep).await?;
+        // The projection record describes the workspace only if the snapshot captured it.
+        self.update(|c| {
+            if c.projection_hash() != snap.projection_hash.as_deref() {
+                c.projection = None;
+            }
+        });
+        Ok(())
+    }
+
+    async fn cold_init(&self) -> Result<()> {
+        let keep: Vec<RelPath> = self
+            .config
+            .spec
+            .bind_mounts()
+            .map(|(p, _, _)| p.clone())
+            .collect();
+        let items = entry_items(&self.config.spec, false);
+        self.handle
+            .import(archive::pack(items), ImportMode::Replace { keep })
+            .await?;
+        self.update(|c| c.projection = None);
+        Ok(())
+    }
+
+    async fn apply_entries(&self, ephemeral_only: bool) -> Result<()> {
+        let items = entry_items(&self.config.spec, ephemeral_only);
+        if items.is_empty() {
+            return Ok(());
+        }
+        self.handle
+            .import(archive::pack(items), ImportMode::Merge)
+            .await
+    }
+}
+
+/// The spec's entries (all, or only ephemeral ones) as pack items, with parent directories.
+fn entry_items(spec: &WorkspaceSpec, ephemeral_only: bool) -> Vec<(RelPath, PackSource)> {
+    let items = spec
+        .entries()
+        .iter()
+        .filter(|(_, e)| e.ephemeral || !ephemeral_only)
+        .filter_map(|(path, e)| {
+            let source = match &e.kind {
+                EntryKind::File { content, mode } => PackSource::Bytes {
+                    data: content.clone(),
+                    mode: mode.unwrap_or(0o644),
+                },
+                EntryKind::Dir => PackSource::Dir { mode: 0o755 },
+                EntryKind::Copy { host_path } => PackSource::HostTree(host_path.clone()),
+                EntryKind::BindMount { .. } => return None,
+            };
+            Some((path.clone(), source))
+        })
+        .collect();
+    with_parents(items)
+}
+
+/// Add a directory item for every missing parent and sort parents before children.
+pub(crate) fn with_parents(mut items: Vec<(RelPath, PackSource)>) -> Vec<(RelPath, PackSource)> {
+    let present: BTreeSet<RelPath> = items.iter().map(|(p, _)| p.clone()).collect();
+    let mut missing = BTreeSet::new();
+    for (path, _) in &items {
+        let mut parent = path.parent();
+        while let Some(p) = parent {
+            parent = p.parent();
+            if !present.contains(&p) {
+                missing.insert(p);
+            }
+        }
+    }
+    items.extend(
+        missing
+            .into_iter()
+            .map(|p| (p, PackSource::Dir { mode: 0o755 })),
+    );
+    items.sort_by(|a, b| a.0.cmp(&b.0));
+    items
+}

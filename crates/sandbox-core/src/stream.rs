@@ -1,0 +1,178 @@
+//! Byte streams: how archives and blobs move between boxes and stores without being held whole
+//! in memory.
+
+use std::io;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt};
+use tokio::io::AsyncRead;
+use tokio::sync::mpsc;
+
+use crate::error::{Error, Result};
+
+/// A stream of byte chunks, the unit every primitive uses to move archives and blobs.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes>> + Send + 'static>>;
+
+/// Chunk size used when turning readers into streams.
+pub const CHUNK: usize = 256 * 1024;
+
+/// Turn an `AsyncRead` into a [`ByteStream`].
+pub fn from_reader<R: AsyncRead + Send + 'static>(reader: R) -> ByteStream {
+    tokio_util::io::ReaderStream::with_capacity(reader, CHUNK)
+        .map_err(Error::from)
+        .boxed()
+}
+
+/// Turn a [`ByteStream`] into an `AsyncRead`. Our errors survive the trip (see
+/// `impl From<io::Error> for Error`).
+pub fn into_reader(stream: ByteStream) -> impl AsyncRead + Send + Unpin + 'static {
+    tokio_util::io::StreamReader::new(stream.map_err(io::Error::from))
+}
+
+/// A stream holding one in-memory buffer (small payloads only).
+pub fn once(bytes: impl Into<Bytes>) -> ByteStream {
+    futures::stream::once(futures::future::ready(Ok(bytes.into()))).boxed()
+}
+
+/// Drain a stream into memory. Only for payloads known to be small (single files, manifests).
+pub async fn collect(mut stream: ByteStream, limit: usize) -> Result<Bytes> {
+    let mut buf = bytes::BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        if buf.len() + chunk.len() > limit {
+            return Err(Error::invalid(
+                "payload",
+                format!("larger than the {limit}-byte limit"),
+            ));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
+/// A `std::io::Write` that sends what is written as chunks of a [`ByteStream`]; for producing a
+/// stream from blocking code (tar writers) on a blocking thread. Backpressure: `write` blocks
+/// while the channel holds `depth` unread chunks.
+pub struct ChannelWriter {
+    tx: mpsc::Sender<Result<Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl ChannelWriter {
+    /// A writer and the stream its bytes appear on. `depth` chunks of [`CHUNK`] bytes may be
+    /// in flight.
+    pub fn new(depth: usize) -> (ChannelWriter, ByteStream) {
+        let (tx, rx) = mpsc::channel(depth.max(1));
+        let stream = tokio_stream_from(rx);
+        (
+            ChannelWriter {
+                tx,
+                buf: Vec::with_capacity(CHUNK),
+            },
+            stream,
+        )
+    }
+
+    /// Send an error to the reader in place of further data (ends the stream).
+    pub fn fail(mut self, err: Error) {
+        self.buf.clear();
+        let _ = self.tx.blocking_send(Err(err));
+    }
+
+    /// Flush and close, ending the stream cleanly.
+    pub fn finish(mut self) -> io::Result<()> {
+        io::Write::flush(&mut self)
+    }
+
+    fn send(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "stream reader went away"))
+    }
+}
+
+impl io::Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK {
+            self.send()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send()
+    }
+}
+
+impl Drop for ChannelWriter {
+    fn drop(&mut self) {
+        let _ = self.send();
+    }
+}
+
+fn tokio_stream_from(mut rx: mpsc::Receiver<Result<Bytes>>) -> ByteStream {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
+}
+
+/// Run blocking code that writes into a [`ChannelWriter`] on a blocking thread, returning the
+/// stream right away. An error returned by `produce` ends the stream with that error.
+pub fn spawn_writer<F>(depth: usize, produce: F) -> ByteStream
+where
+    F: FnOnce(&mut ChannelWriter) -> Result<()> + Send + 'static,
+{
+    let (mut writer, stream) = ChannelWriter::new(depth);
+    tokio::task::spawn_blocking(move || match produce(&mut writer) {
+        Ok(()) => {
+            let _ = writer.finish();
+        }
+        Err(err) => writer.fail(err),
+    });
+    stream
+}
+
+/// A blocking `std::io::Read` over a [`ByteStream`], for blocking consumers (tar readers) on a
+/// blocking thread.
+pub fn blocking_reader(stream: ByteStream) -> impl io::Read + Send + 'static {
+    tokio_util::io::SyncIoBridge::new(into_reader(stream))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[tokio::test]
+    async fn writer_to_stream_and_back() {
+        let stream = spawn_writer(2, |w| {
+            for i in 0..1000u32 {
+                w.write_all(&i.to_le_bytes())?;
+            }
+            Ok(())
+        });
+        let data = collect(stream, 1 << 20).await.unwrap();
+        assert_eq!(data.len(), 4000);
+    }
+
+    #[tokio::test]
+    async fn producer_error_reaches_reader() {
+        let stream = spawn_writer(2, |w| {
+            w.write_all(b"partial")?;
+            Err(Error::unsafe_archive("x", "boom"))
+        });
+        let err = tokio::task::spawn_blocking(move || {
+            let mut r = blocking_reader(stream);
+            let mut out = Vec::new();
+            r.read_to_end(&mut out).map_err(Error::from)
+        })
+        .await
+        .unwrap()
+        .unwrap_err();
+        assert!(matches!(err, Error::UnsafeArchive { .. }), "{err}");
+    }
+}

@@ -1,0 +1,3 @@
+//! The conformance kit: scenarios every backend runs.
+
+pub mod raw_tar;
