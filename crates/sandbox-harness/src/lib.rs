@@ -1,0 +1,2 @@
+//! sandbox-harness facade (work in progress).
+pub use sandbox_core as core;

@@ -1,0 +1,1 @@
+//! Host process backend (work in progress).
