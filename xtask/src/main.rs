@@ -1,1 +1,62 @@
-fn main() {}
+//! Project tasks: `cargo xtask test`, `cargo xtask bench <name>`.
+//!
+//! `test` runs everything CI runs: formatting, lints, every test, and the quickstart. Services
+//! that tests need are started here (and stopped by a drop guard, also on failure); a service
+//! that cannot start is a failure, never a skip.
+
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("test") => test(),
+        Some("help") | None => {
+            println!(
+                "usage: cargo xtask <task>\n\ntasks:\n  test    fmt check, clippy -D warnings, all tests, the quickstart"
+            );
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown task `{other}` (try `cargo xtask help`)")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn test() -> Result<(), String> {
+    let started = Instant::now();
+    run("cargo", &["fmt", "--all", "--", "--check"])?;
+    run(
+        "cargo",
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    run("cargo", &["test", "--workspace"])?;
+    run("cargo", &["run", "--quiet", "--example", "quickstart"])?;
+    println!("xtask test: all passed in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    println!("xtask: $ {program} {}", args.join(" "));
+    let status = Command::new(program)
+        .args(args)
+        .status()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{program} {}` failed ({status})", args.join(" ")))
+    }
+}

@@ -196,7 +196,6 @@ pub fn pack_dir(root: PathBuf, only: Option<Vec<RelPath>>, excludes: Excludes) -
                 }
             }
         }
-        drop(add);
         tar.finish().map_err(|e| Error::io("tar", e))?;
         Ok(())
     })
@@ -523,7 +522,9 @@ impl Validator {
                 let target = match RelPath::new(target.trim_start_matches("./")) {
                     Ok(t) if !target.starts_with('/') => t,
                     _ => {
-                        return refuse(&format!("hard link to `{target}` outside the archive root"));
+                        return refuse(&format!(
+                            "hard link to `{target}` outside the archive root"
+                        ));
                     }
                 };
                 if self.seen.get(&key(target.as_str())) != Some(&EntryType::File) {

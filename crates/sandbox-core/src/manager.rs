@@ -426,25 +426,25 @@ impl CallInner {
         // 2. persist, only after a successful stop, so the stored state always points at a
         //    complete snapshot (the previous one, if this stop failed).
         let mut persisted = false;
-        if stop.is_some() && !self.from.bypasses_store() {
-            if let (Some(key), Some(json)) = (&self.key, &state_json) {
-                let lost = self.lease.as_ref().is_some_and(Lease::is_lost);
-                let r = if lost {
-                    Err(Error::Conflict {
-                        key: key.to_string(),
-                        reason: "the execution lease was lost during the call; state not saved"
-                            .into(),
-                    })
-                } else {
-                    let token = self.lease.as_ref().and_then(Lease::token);
-                    self.manager.states.save(key, json, token).await
-                };
-                persisted = r.is_ok();
-                if persisted {
-                    tracing::info!(key = %key, "state persisted");
-                }
-                keep(r);
+        if stop.is_some()
+            && !self.from.bypasses_store()
+            && let (Some(key), Some(json)) = (&self.key, &state_json)
+        {
+            let lost = self.lease.as_ref().is_some_and(Lease::is_lost);
+            let r = if lost {
+                Err(Error::Conflict {
+                    key: key.to_string(),
+                    reason: "the execution lease was lost during the call; state not saved".into(),
+                })
+            } else {
+                let token = self.lease.as_ref().and_then(Lease::token);
+                self.manager.states.save(key, json, token).await
+            };
+            persisted = r.is_ok();
+            if persisted {
+                tracing::info!(key = %key, "state persisted");
             }
+            keep(r);
         }
         // 3. shutdown: self-managed boxes only; a box without a key can never be found again.
         if !self.from.user_managed() {

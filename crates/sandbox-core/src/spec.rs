@@ -217,13 +217,13 @@ impl WorkspaceSpec {
 
     /// Check the invariants a deserialized spec must also hold.
     pub fn validate(&self) -> Result<()> {
-        if let Some(root) = &self.root {
-            if !root.starts_with('/') || root.split('/').any(|c| c == "..") || root.contains('\0') {
-                return Err(Error::invalid(
-                    "workspace root",
-                    format!("`{root}` must be an absolute path without `..`"),
-                ));
-            }
+        if let Some(root) = &self.root
+            && (!root.starts_with('/') || root.split('/').any(|c| c == "..") || root.contains('\0'))
+        {
+            return Err(Error::invalid(
+                "workspace root",
+                format!("`{root}` must be an absolute path without `..`"),
+            ));
         }
         for (path, entry) in &self.entries {
             match &entry.kind {
@@ -251,13 +251,13 @@ impl WorkspaceSpec {
             // An entry nested inside a bind mount or a file would be written through it.
             let mut parent = path.parent();
             while let Some(p) = parent {
-                if let Some(outer) = self.entries.get(&p) {
-                    if !matches!(outer.kind, EntryKind::Dir | EntryKind::Copy { .. }) {
-                        return Err(Error::invalid(
-                            "workspace entry",
-                            format!("`{path}` lies inside the {} entry `{p}`", outer.kind.name()),
-                        ));
-                    }
+                if let Some(outer) = self.entries.get(&p)
+                    && !matches!(outer.kind, EntryKind::Dir | EntryKind::Copy { .. })
+                {
+                    return Err(Error::invalid(
+                        "workspace entry",
+                        format!("`{path}` lies inside the {} entry `{p}`", outer.kind.name()),
+                    ));
                 }
                 parent = p.parent();
             }

@@ -131,7 +131,7 @@ pub fn state_from_json(json: &str) -> Result<Box<dyn SandboxState>> {
         });
     };
     let known = known_state_tags();
-    if !known.iter().any(|k| *k == tag) {
+    if !known.contains(&tag) {
         return Err(Error::UnknownStateType {
             tag,
             known: known.to_vec(),

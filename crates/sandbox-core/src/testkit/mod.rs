@@ -1,3 +1,967 @@
-//! The conformance kit: scenarios every backend runs.
+//! The conformance kit: scenarios every backend runs, written once against the contracts.
+//!
+//! A backend provides a [`Fixture`] (how to make a client, how to destroy a box behind the
+//! library's back) and expands [`conformance_tests!`](crate::conformance_tests) in a test file,
+//! which generates one `#[tokio::test]` per scenario:
+//!
+//! ```text
+//! sandbox_core::conformance_tests!(crate::fixture());
+//! ```
+//!
+//! Scenarios only use POSIX `sh` utilities (`cat`, `echo`, `printf`, `test`, `sleep`, `kill`)
+//! inside the box, so they run on minimal images too.
 
 pub mod raw_tar;
+mod stores;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use stores::FailingStore;
+
+use crate::backend::{Persistence, SandboxClient};
+use crate::error::Error;
+use crate::exec::ExecRequest;
+use crate::guard::InProcessGuard;
+use crate::isolation::{CallContext, IsolationKey, IsolationScope};
+use crate::manager::{Acquire, AcquiredFrom, CallReport, SandboxManager};
+use crate::path::RelPath;
+use crate::projection::{Projection, ProjectionOutcome};
+use crate::sandbox::{Sandbox, SandboxConfig, StartBranch};
+use crate::snapshot::{BlobKey, LocalDirSnapshotStore, SnapshotSpec, SnapshotStore};
+use crate::spec::WorkspaceSpec;
+use crate::state::{SandboxState, state_from_json, state_to_json};
+use crate::state_store::{FileStateStore, StateStore};
+use crate::stream;
+
+/// What a backend provides to run the kit.
+#[async_trait]
+pub trait Fixture: Send + Sync + 'static {
+    /// A fresh client with `persistence`. Two calls give two independent client instances
+    /// over the same backend (as two replicas would have).
+    async fn client(&self, persistence: Persistence) -> Arc<dyn SandboxClient>;
+
+    /// Destroy the box `state` describes without going through the library (a container
+    /// killed by an operator, a directory wiped).
+    async fn lose_box(&self, state: &dyn SandboxState);
+}
+
+/// Per-scenario environment: temporary stores and unique names.
+pub struct Env {
+    /// Temporary directory holding the stores and the host projection root.
+    pub dir: tempfile::TempDir,
+    /// Snapshot store (local directory).
+    pub snapshots: Arc<LocalDirSnapshotStore>,
+    /// State store (files), shared by every manager of the scenario.
+    pub states: Arc<FileStateStore>,
+    /// A unique agent name.
+    pub agent: String,
+}
+
+impl Env {
+    /// Fresh stores under a new temporary directory.
+    pub fn new() -> Env {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let snapshots = Arc::new(LocalDirSnapshotStore::new(dir.path().join("snapshots")));
+        let states = Arc::new(FileStateStore::new(dir.path().join("states")));
+        let agent = format!("agent-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        Env {
+            dir,
+            snapshots,
+            states,
+            agent,
+        }
+    }
+
+    /// A call context for this scenario's agent.
+    pub fn ctx(&self) -> CallContext {
+        CallContext::new(&self.agent)
+    }
+
+    /// The host projection root.
+    pub fn host_root(&self) -> std::path::PathBuf {
+        let p = self.dir.path().join("host");
+        std::fs::create_dir_all(&p).expect("host root");
+        p
+    }
+
+    /// A snapshot spec over this scenario's store.
+    pub fn snapshot_spec(&self) -> SnapshotSpec {
+        SnapshotSpec::new(self.snapshots.clone())
+    }
+
+    /// A manager with file state, in-process guard, `scope` and `config`.
+    pub fn manager(
+        &self,
+        client: Arc<dyn SandboxClient>,
+        scope: IsolationScope,
+        config: SandboxConfig,
+    ) -> SandboxManager {
+        SandboxManager::builder(client)
+            .state_store(self.states.clone())
+            .guard(Arc::new(InProcessGuard::new()))
+            .scope(scope)
+            .config(config)
+            .build()
+    }
+}
+
+impl Default for Env {
+    fn default() -> Self {
+        Env::new()
+    }
+}
+
+fn spec() -> WorkspaceSpec {
+    WorkspaceSpec::builder()
+        .file("README.md", "from the spec\n")
+        .dir("data")
+        .executable("bin/hello", "#!/bin/sh\necho hello from the box\n")
+        .ephemeral_file("run/token", "token-v1\n")
+        .env("SPEC_VAR", "spec-value")
+        .build()
+        .expect("valid spec")
+}
+
+fn snap_config(env: &Env) -> SandboxConfig {
+    SandboxConfig::new(spec()).snapshots(env.snapshot_spec())
+}
+
+/// Run a shell line and return stdout; panics with the output on a non-zero exit.
+pub async fn sh(sandbox: &Sandbox, line: &str) -> String {
+    let r = sandbox
+        .exec(ExecRequest::shell(line).timeout(Duration::from_secs(60)))
+        .await
+        .expect("exec");
+    assert!(r.success(), "`{line}` failed: {r:?}");
+    r.stdout_str().into_owned()
+}
+
+/// Read a workspace file through the primitive, `None` if missing.
+pub async fn read(sandbox: &Sandbox, path: &str) -> Option<String> {
+    match sandbox
+        .handle()
+        .read_file(&RelPath::new(path).expect("path"))
+        .await
+    {
+        Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Err(Error::NotFound { .. }) => None,
+        Err(e) => panic!("read {path}: {e}"),
+    }
+}
+
+async fn call<F, Fut>(m: &SandboxManager, ctx: &CallContext, f: F) -> CallReport
+where
+    F: FnOnce(Arc<Sandbox>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    m.call(ctx, f).await.expect("call").report
+}
+
+fn branch(r: &CallReport) -> StartBranch {
+    r.start.as_ref().expect("started").branch
+}
+
+/// State JSON survives `state → json → state` unchanged, and the resumed box works.
+pub async fn state_round_trip(fx: &dyn Fixture) {
+    let env = Env::new();
+    let client = fx.client(Persistence::Keep).await;
+    let key =
+        IsolationKey::resolve(IsolationScope::Session, &env.ctx().session("rt")).expect("key");
+    let sandbox = Sandbox::create(&*client, snap_config(&env), Some(&key))
+        .await
+        .expect("create");
+    sandbox.start().await.expect("start");
+    sh(&sandbox, "echo kept > kept.txt").await;
+    sandbox.stop().await.expect("stop");
+    let json = state_to_json(&*sandbox.state()).expect("json");
+    let back = state_from_json(&json).expect("parse");
+    assert_eq!(
+        state_to_json(&*back).expect("json"),
+        json,
+        "lossless round trip"
+    );
+    assert_eq!(
+        back.typetag_name(),
+        client.backend(),
+        "state tag equals the backend tag"
+    );
+    let resumed = Sandbox::resume(&*client, snap_config(&env), &*back, Some(&key))
+        .await
+        .expect("resume");
+    let r = resumed.start().await.expect("start");
+    assert_eq!(r.branch, StartBranch::Warm);
+    assert_eq!(read(&resumed, "kept.txt").await.as_deref(), Some("kept\n"));
+    resumed.destroy().await.expect("destroy");
+}
+
+/// D: a new box is initialized from the spec: files, directories, executables, env.
+pub async fn cold_start_applies_spec(fx: &dyn Fixture) {
+    let env = Env::new();
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        snap_config(&env),
+    );
+    let report = call(&m, &env.ctx().session("cold"), |sb| async move {
+        assert_eq!(
+            read(&sb, "README.md").await.as_deref(),
+            Some("from the spec\n")
+        );
+        assert_eq!(read(&sb, "run/token").await.as_deref(), Some("token-v1\n"));
+        assert_eq!(
+            sh(
+                &sb,
+                "test -d data && ./bin/hello && printf %s \"$SPEC_VAR\""
+            )
+            .await,
+            "hello from the box\nspec-value"
+        );
+    })
+    .await;
+    assert_eq!(branch(&report), StartBranch::Cold);
+    assert_eq!(report.acquired_from, AcquiredFrom::New);
+    assert!(report.persisted);
+}
+
+/// A: a kept box warm-starts; only ephemeral entries are re-applied.
+pub async fn warm_start_reapplies_only_ephemeral(fx: &dyn Fixture) {
+    let env = Env::new();
+    let m = env.manager(
+        fx.client(Persistence::Keep).await,
+        IsolationScope::Session,
+        snap_config(&env),
+    );
+    let ctx = env.ctx().session("warm");
+    call(&m, &ctx, |sb| async move {
+        sh(
+            &sb,
+            "echo mine > notes.txt; echo edited > README.md; echo tampered > run/token",
+        )
+        .await;
+    })
+    .await;
+    let r = call(&m, &ctx, |sb| async move {
+        assert_eq!(read(&sb, "notes.txt").await.as_deref(), Some("mine\n"));
+        assert_eq!(
+            read(&sb, "README.md").await.as_deref(),
+            Some("edited\n"),
+            "non-ephemeral entries are not re-applied"
+        );
+        assert_eq!(
+            read(&sb, "run/token").await.as_deref(),
+            Some("token-v1\n"),
+            "ephemeral entries are re-applied"
+        );
+    })
+    .await;
+    assert_eq!(branch(&r), StartBranch::Warm);
+    assert_eq!(r.acquired_from, AcquiredFrom::StateStore);
+    cleanup(&m, &ctx).await;
+}
+
+/// B: an ephemeral box is gone after release; the next call restores it from the snapshot.
+pub async fn restore_after_release(fx: &dyn Fixture) {
+    let env = Env::new();
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        snap_config(&env),
+    );
+    let ctx = env.ctx().session("restore");
+    call(&m, &ctx, |sb| async move {
+        sh(&sb, "mkdir -p deep/dir && echo v1 > deep/dir/f.txt && echo edited > README.md && ln -s deep/dir/f.txt link && echo tampered > run/token").await;
+    })
+    .await;
+    let r = call(&m, &ctx, |sb| async move {
+        assert_eq!(read(&sb, "deep/dir/f.txt").await.as_deref(), Some("v1\n"));
+        assert_eq!(read(&sb, "README.md").await.as_deref(), Some("edited\n"));
+        assert_eq!(sh(&sb, "cat link").await, "v1\n", "symlinks survive");
+        assert_eq!(read(&sb, "run/token").await.as_deref(), Some("token-v1\n"));
+    })
+    .await;
+    assert_eq!(branch(&r), StartBranch::RestoreEphemeral);
+    assert!(r.start.as_ref().and_then(|s| s.restored.as_ref()).is_some());
+}
+
+/// B: a kept box destroyed behind the library's back is restored from the snapshot, and the
+/// report says so.
+pub async fn restore_after_external_loss(fx: &dyn Fixture) {
+    let env = Env::new();
+    let m = env.manager(
+        fx.client(Persistence::Keep).await,
+        IsolationScope::Session,
+        snap_config(&env),
+    );
+    let ctx = env.ctx().session("lost");
+    let r1 = call(&m, &ctx, |sb| async move {
+        sh(&sb, "echo survived > s.txt").await;
+    })
+    .await;
+    let state = state_from_json(r1.state_json.as_deref().expect("state")).expect("state");
+    fx.lose_box(&*state).await;
+    let r2 = call(&m, &ctx, |sb| async move {
+        assert_eq!(read(&sb, "s.txt").await.as_deref(), Some("survived\n"));
+    })
+    .await;
+    assert_eq!(branch(&r2), StartBranch::RestoreEphemeral);
+    cleanup(&m, &ctx).await;
+}
+
+/// C: a state whose workspace was never ready but has a snapshot restores it and re-applies
+/// every entry; D with `ready` but no snapshot says why it started cold.
+pub async fn restore_all_and_cold_note(fx: &dyn Fixture) {
+    let env = Env::new();
+    let client = fx.client(Persistence::Ephemeral).await;
+    let m = env.manager(client.clone(), IsolationScope::Session, snap_config(&env));
+    let ctx = env.ctx().session("c");
+    let r1 = call(&m, &ctx, |sb| async move {
+        sh(&sb, "echo edited > README.md; echo mine > mine.txt").await;
+    })
+    .await;
+    let mut state = state_from_json(r1.state_json.as_deref().expect("state")).expect("state");
+    state.common_mut().workspace_root_ready = false;
+    let r = m
+        .call_with(&ctx, Acquire::State(state), |sb| async move {
+            assert_eq!(read(&sb, "mine.txt").await.as_deref(), Some("mine\n"));
+            assert_eq!(
+                read(&sb, "README.md").await.as_deref(),
+                Some("from the spec\n"),
+                "all entries re-applied"
+            );
+        })
+        .await
+        .expect("call")
+        .report;
+    assert_eq!(branch(&r), StartBranch::RestoreAll);
+    assert!(!r.persisted, "priority 2 does not write the state store");
+
+    // Ready, box gone, no snapshot (snapshots off): cold start with a note.
+    let m2 = env.manager(client, IsolationScope::Session, SandboxConfig::new(spec()));
+    let ctx2 = env.ctx().session("d");
+    call(&m2, &ctx2, |sb| async move {
+        sh(&sb, "echo lost > gone.txt").await;
+    })
+    .await;
+    let r = call(&m2, &ctx2, |sb| async move {
+        assert_eq!(read(&sb, "gone.txt").await, None);
+    })
+    .await;
+    assert_eq!(branch(&r), StartBranch::Cold);
+    assert!(
+        r.start.as_ref().and_then(|s| s.note.as_ref()).is_some(),
+        "cold start after loss is explained"
+    );
+}
+
+/// Two managers (two replicas) with their own clients share only the stores: the second
+/// finds what the first left.
+pub async fn second_replica_restores(fx: &dyn Fixture) {
+    let env = Env::new();
+    let ctx = env.ctx().user("alice").session("s1");
+    let m1 = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::User,
+        snap_config(&env),
+    );
+    call(&m1, &ctx, |sb| async move {
+        sh(&sb, "echo from-replica-1 > shared.txt").await;
+    })
+    .await;
+    let m2 = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::User,
+        snap_config(&env),
+    );
+    let r = call(
+        &m2,
+        &env.ctx().user("alice").session("s2"),
+        |sb| async move {
+            assert_eq!(
+                read(&sb, "shared.txt").await.as_deref(),
+                Some("from-replica-1\n")
+            );
+        },
+    )
+    .await;
+    assert_eq!(r.acquired_from, AcquiredFrom::StateStore);
+    assert_eq!(branch(&r), StartBranch::RestoreEphemeral);
+}
+
+/// USER keys separate alice from bob; SESSION keys separate sessions; the fallbacks hold.
+pub async fn scope_isolation(fx: &dyn Fixture) {
+    let env = Env::new();
+    let client = fx.client(Persistence::Ephemeral).await;
+    let user = env.manager(client.clone(), IsolationScope::User, snap_config(&env));
+    call(&user, &env.ctx().user("alice"), |sb| async move {
+        sh(&sb, "echo alice > who.txt").await;
+    })
+    .await;
+    call(&user, &env.ctx().user("bob"), |sb| async move {
+        assert_eq!(
+            read(&sb, "who.txt").await,
+            None,
+            "bob must not see alice's files"
+        );
+        sh(&sb, "echo bob > who.txt").await;
+    })
+    .await;
+    call(
+        &user,
+        &env.ctx().user("alice").session("other"),
+        |sb| async move {
+            assert_eq!(read(&sb, "who.txt").await.as_deref(), Some("alice\n"));
+        },
+    )
+    .await;
+    // USER without a user id falls back to the session.
+    let r = call(&user, &env.ctx().session("s9"), |sb| async move {
+        sh(&sb, "echo s9 > who.txt").await;
+    })
+    .await;
+    assert_eq!(
+        r.key.as_deref(),
+        Some(format!("agents/{}/sessions/s9", env.agent).as_str())
+    );
+
+    let session = env.manager(client, IsolationScope::Session, snap_config(&env));
+    call(&session, &env.ctx().session("s9"), |sb| async move {
+        assert_eq!(
+            read(&sb, "who.txt").await.as_deref(),
+            Some("s9\n"),
+            "same slot as the USER fallback"
+        );
+    })
+    .await;
+    call(&session, &env.ctx().session("s10"), |sb| async move {
+        assert_eq!(read(&sb, "who.txt").await, None);
+    })
+    .await;
+    // SESSION without a session id: a fresh box every time, nothing persisted.
+    for _ in 0..2 {
+        let r = call(&session, &env.ctx(), |sb| async move {
+            assert_eq!(read(&sb, "anon.txt").await, None);
+            sh(&sb, "echo x > anon.txt").await;
+        })
+        .await;
+        assert!(r.key.is_none() && !r.persisted);
+        assert_eq!(branch(&r), StartBranch::Cold);
+    }
+}
+
+/// Projection: applied on first start, skipped when unchanged, updated and pruned when the
+/// host changes (files the agent made are kept), and re-applied to a recreated box.
+pub async fn projection_lifecycle(fx: &dyn Fixture) {
+    let env = Env::new();
+    let host = env.host_root();
+    std::fs::write(host.join("AGENTS.md"), "be helpful\n").expect("write");
+    std::fs::create_dir_all(host.join("skills/pytest")).expect("mkdir");
+    std::fs::write(host.join("skills/pytest/SKILL.md"), "run pytest\n").expect("write");
+    std::fs::write(host.join("skills/pytest/old.sh"), "echo old\n").expect("write");
+    std::fs::write(host.join("private.txt"), "not projected\n").expect("write");
+    let config = snap_config(&env).projection(Projection::new(&host));
+    let m = env.manager(
+        fx.client(Persistence::Keep).await,
+        IsolationScope::Session,
+        config,
+    );
+    let ctx = env.ctx().session("proj");
+    let r = call(&m, &ctx, |sb| async move {
+        assert_eq!(
+            read(&sb, "AGENTS.md").await.as_deref(),
+            Some("be helpful\n")
+        );
+        assert_eq!(
+            read(&sb, "skills/pytest/SKILL.md").await.as_deref(),
+            Some("run pytest\n")
+        );
+        assert_eq!(read(&sb, "private.txt").await, None);
+        sh(&sb, "echo agent > skills/mine.md").await;
+    })
+    .await;
+    assert!(matches!(
+        r.start.as_ref().expect("start").projection,
+        ProjectionOutcome::Applied {
+            written: 3,
+            removed: 0
+        }
+    ));
+    let r = call(&m, &ctx, |_| async {}).await;
+    assert_eq!(
+        r.start.as_ref().expect("start").projection,
+        ProjectionOutcome::Skipped
+    );
+
+    std::fs::write(host.join("AGENTS.md"), "be brief\n").expect("write");
+    std::fs::remove_file(host.join("skills/pytest/old.sh")).expect("rm");
+    let r = call(&m, &ctx, |sb| async move {
+        assert_eq!(read(&sb, "AGENTS.md").await.as_deref(), Some("be brief\n"));
+        assert_eq!(
+            read(&sb, "skills/pytest/old.sh").await,
+            None,
+            "deleted on the host, deleted in the box"
+        );
+        assert_eq!(
+            read(&sb, "skills/mine.md").await.as_deref(),
+            Some("agent\n"),
+            "agent files are kept"
+        );
+    })
+    .await;
+    assert!(matches!(
+        r.start.as_ref().expect("start").projection,
+        ProjectionOutcome::Applied {
+            written: 2,
+            removed: 1
+        }
+    ));
+    cleanup(&m, &ctx).await;
+
+    // No snapshots and an ephemeral box: every box is new, so projection runs every time.
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        SandboxConfig::new(spec()).projection(Projection::new(&host)),
+    );
+    let ctx = env.ctx().session("proj-noop");
+    for _ in 0..2 {
+        let r = call(&m, &ctx, |sb| async move {
+            assert_eq!(read(&sb, "AGENTS.md").await.as_deref(), Some("be brief\n"));
+        })
+        .await;
+        assert!(matches!(
+            r.start.as_ref().expect("start").projection,
+            ProjectionOutcome::Applied { .. }
+        ));
+    }
+}
+
+/// A timeout kills the whole process tree in the box, grandchildren included, and returns the
+/// output so far.
+pub async fn timeout_kills_grandchildren(fx: &dyn Fixture) {
+    let env = Env::new();
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        SandboxConfig::new(spec()),
+    );
+    call(&m, &env.ctx(), |sb| async move {
+        let r = sb
+            .exec(ExecRequest::shell("echo started; sleep 300 & echo $! > gc.pid; wait").timeout(Duration::from_millis(800)))
+            .await
+            .expect("exec");
+        assert!(r.timed_out, "{r:?}");
+        assert_eq!(r.stdout_str(), "started\n", "partial output is returned");
+        let pid = read(&sb, "gc.pid").await.expect("pid file");
+        let probe = format!(
+            "p={}; i=0; while [ $i -lt 50 ]; do if [ ! -e /proc/$p ] || grep -q '^State:.*Z' /proc/$p/status 2>/dev/null; then echo dead; exit 0; fi; i=$((i+1)); sleep 0.1; done; echo alive",
+            pid.trim()
+        );
+        assert_eq!(sh(&sb, &probe).await, "dead\n", "the backgrounded grandchild must be killed");
+    })
+    .await;
+}
+
+/// Exec basics: exit codes, separate streams, stdin, cwd, env, output caps.
+pub async fn exec_basics(fx: &dyn Fixture) {
+    let env = Env::new();
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        SandboxConfig::new(spec()),
+    );
+    call(&m, &env.ctx(), |sb| async move {
+        let r = sb
+            .exec(ExecRequest::shell("echo out; echo err >&2; exit 3"))
+            .await
+            .expect("exec");
+        assert_eq!(
+            (
+                r.exit_code,
+                r.stdout_str().as_ref(),
+                r.stderr_str().as_ref()
+            ),
+            (Some(3), "out\n", "err\n")
+        );
+        let r = sb
+            .exec(ExecRequest::shell("cat").stdin("piped in"))
+            .await
+            .expect("exec");
+        assert_eq!(r.stdout_str(), "piped in");
+        let r = sb
+            .exec(ExecRequest::argv(["sh", "-c", "pwd"]).cwd("data"))
+            .await
+            .expect("exec");
+        assert!(r.stdout_str().trim_end().ends_with("/data"), "{r:?}");
+        let r = sb
+            .exec(ExecRequest::shell("printf %s \"$A-$SPEC_VAR\"").env("A", "call"))
+            .await
+            .expect("exec");
+        assert_eq!(r.stdout_str(), "call-spec-value");
+        let r = sb
+            .exec(
+                ExecRequest::shell(
+                    "i=0; while [ $i -lt 3000 ]; do echo 0123456789abcdef; i=$((i+1)); done",
+                )
+                .limits(crate::OutputLimits::both(1000)),
+            )
+            .await
+            .expect("exec");
+        assert!(
+            r.stdout_truncated && r.stdout.len() == 1000 && r.success(),
+            "{r:?}"
+        );
+        assert!(
+            sb.exec(ExecRequest::shell("true").cwd("../.."))
+                .await
+                .is_err(),
+            "cwd may not escape"
+        );
+    })
+    .await;
+}
+
+/// A corrupted or hostile snapshot fails loudly with `RestoreIncomplete` (never a silent fresh
+/// start), the stored state is left alone, and the previous snapshot still restores.
+pub async fn hostile_snapshot_rejected(fx: &dyn Fixture) {
+    let env = Env::new();
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        snap_config(&env),
+    );
+    let ctx = env.ctx().session("hostile");
+    let r1 = call(&m, &ctx, |sb| async move {
+        sh(&sb, "echo v1 > v.txt").await;
+    })
+    .await;
+    let r2 = call(&m, &ctx, |sb| async move {
+        sh(&sb, "echo v2 > v.txt").await;
+    })
+    .await;
+    let key = IsolationKey::resolve(IsolationScope::Session, &ctx).expect("key");
+    let snap2 = state_from_json(r2.state_json.as_deref().expect("state"))
+        .expect("state")
+        .common()
+        .snapshot
+        .clone()
+        .expect("snapshot");
+    let stored_before = env.states.load(&key).await.expect("load");
+
+    let hostile = raw_tar::RawTar::new()
+        .file("v.txt", b"v3")
+        .file("../escape.txt", b"pwned")
+        .finish();
+    for (name, bytes) in [("hostile entry", hostile), ("garbage", vec![0x42; 4096])] {
+        env.snapshots
+            .put(&snap2.key, stream::once(bytes))
+            .await
+            .expect("tamper");
+        let err = m.call(&ctx, |_| async {}).await.expect_err(name);
+        assert!(
+            matches!(err, Error::RestoreIncomplete { .. }),
+            "{name}: {err}"
+        );
+        assert_eq!(
+            env.states.load(&key).await.expect("load"),
+            stored_before,
+            "{name}: state untouched"
+        );
+    }
+    assert!(!env.dir.path().join("escape.txt").exists());
+
+    // The earlier snapshot (a checkpoint kept from call 1) still restores.
+    let checkpoint = state_from_json(r1.state_json.as_deref().expect("state")).expect("state");
+    m.call_with(&ctx, Acquire::State(checkpoint), |sb| async move {
+        assert_eq!(read(&sb, "v.txt").await.as_deref(), Some("v1\n"));
+    })
+    .await
+    .expect("previous snapshot restores");
+}
+
+/// A snapshot that fails mid-way (a store that dies after some bytes) fails the call, leaves
+/// the stored state pointing at the previous snapshot, which still restores.
+pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
+    let env = Env::new();
+    let failing = Arc::new(FailingStore::new(env.snapshots.clone()));
+    let config = SandboxConfig::new(spec()).snapshots(SnapshotSpec::new(failing.clone()));
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        config,
+    );
+    let ctx = env.ctx().session("midway");
+    call(&m, &ctx, |sb| async move {
+        sh(&sb, "echo good > g.txt").await;
+    })
+    .await;
+    failing.fail_after(512);
+    let err = m
+        .call(&ctx, |sb| async move {
+            sh(&sb, "echo lost > g.txt; head -c 200000 /dev/zero > big.bin").await;
+        })
+        .await
+        .expect_err("the snapshot fails");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    failing.heal();
+    let r = call(&m, &ctx, |sb| async move {
+        assert_eq!(read(&sb, "g.txt").await.as_deref(), Some("good\n"));
+        assert_eq!(read(&sb, "big.bin").await, None);
+    })
+    .await;
+    assert_eq!(branch(&r), StartBranch::RestoreEphemeral);
+    let leftovers: Vec<_> = env
+        .snapshots
+        .list("")
+        .await
+        .expect("list")
+        .into_iter()
+        .filter(|b| b.size == 0)
+        .collect();
+    assert!(leftovers.is_empty(), "no partial blobs: {leftovers:?}");
+}
+
+/// Malformed state and unknown backend tags are typed errors; the stored state is not
+/// overwritten.
+pub async fn bad_state_is_a_typed_error(fx: &dyn Fixture) {
+    let env = Env::new();
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        snap_config(&env),
+    );
+    let ctx = env.ctx().session("bad");
+    let key = IsolationKey::resolve(IsolationScope::Session, &ctx).expect("key");
+    for (json, check) in [
+        (
+            "{garbage",
+            (|e: &Error| matches!(e, Error::MalformedState { .. })) as fn(&Error) -> bool,
+        ),
+        (
+            r#"{"type":"martian","common":{}}"#,
+            |e: &Error| matches!(e, Error::UnknownStateType { known, .. } if !known.is_empty()),
+        ),
+    ] {
+        env.states.save(&key, json, None).await.expect("seed");
+        let err = m.call(&ctx, |_| async {}).await.expect_err("bad state");
+        assert!(check(&err), "{json}: {err}");
+        assert_eq!(
+            env.states.load(&key).await.expect("load").as_deref(),
+            Some(json),
+            "not overwritten"
+        );
+    }
+}
+
+/// A started, user-managed sandbox is handed to several agents' calls in turn: each call stops
+/// (snapshots) it, none shuts it down or writes the state store.
+pub async fn user_managed_sandbox_is_shared(fx: &dyn Fixture) {
+    let env = Env::new();
+    let client = fx.client(Persistence::Ephemeral).await;
+    let parent = env.manager(client.clone(), IsolationScope::Session, snap_config(&env));
+    let child = env.manager(client, IsolationScope::Session, snap_config(&env));
+    let shared = parent.create_external(None).await.expect("create");
+    let r = parent
+        .call_with(
+            &CallContext::new("parent").session("p"),
+            Acquire::External(shared.clone()),
+            |sb| async move {
+                sh(&sb, "echo from-parent > handoff.txt").await;
+            },
+        )
+        .await
+        .expect("call")
+        .report;
+    assert!(
+        r.start.is_none() && r.stop.as_ref().is_some_and(|s| s.snapshot.is_some()) && !r.persisted
+    );
+    child
+        .call_with(
+            &CallContext::new("child").session("c"),
+            Acquire::External(shared.clone()),
+            |sb| async move {
+                assert_eq!(
+                    read(&sb, "handoff.txt").await.as_deref(),
+                    Some("from-parent\n")
+                );
+            },
+        )
+        .await
+        .expect("call");
+    assert_eq!(
+        sh(&shared, "cat handoff.txt").await,
+        "from-parent\n",
+        "still running after the calls"
+    );
+    let key = IsolationKey::resolve(
+        IsolationScope::Session,
+        &CallContext::new("parent").session("p"),
+    )
+    .expect("key");
+    assert_eq!(env.states.load(&key).await.expect("load"), None);
+    shared.destroy().await.expect("destroy");
+}
+
+/// The post-call steps run when the closure panics and when the call is cancelled.
+pub async fn panic_and_cancel_still_persist(fx: &dyn Fixture) {
+    let env = Env::new();
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        snap_config(&env),
+    );
+    let ctx = env.ctx().session("panic");
+    let m2 = m.clone();
+    let ctx2 = ctx.clone();
+    let joined = tokio::spawn(async move {
+        m2.call(&ctx2, |sb| async move {
+            sh(&sb, "echo before-panic > p.txt").await;
+            panic!("agent blew up");
+        })
+        .await
+    })
+    .await;
+    assert!(
+        joined.is_err_and(|e| e.is_panic()),
+        "the panic is re-raised"
+    );
+    call(&m, &ctx, |sb| async move {
+        assert_eq!(read(&sb, "p.txt").await.as_deref(), Some("before-panic\n"));
+    })
+    .await;
+
+    let cctx = env.ctx().session("cancel");
+    let key = IsolationKey::resolve(IsolationScope::Session, &cctx).expect("key");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let m3 = m.clone();
+    let cctx2 = cctx.clone();
+    let task = tokio::spawn(async move {
+        m3.call(&cctx2, |sb| async move {
+            sh(&sb, "echo before-cancel > c.txt").await;
+            let _ = tx.send(());
+            std::future::pending::<()>().await;
+        })
+        .await
+    });
+    rx.await.expect("closure ran");
+    task.abort();
+    let mut persisted = false;
+    for _ in 0..300 {
+        if env.states.load(&key).await.expect("load").is_some() {
+            persisted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(persisted, "a cancelled call still persists its state");
+    // The background finish also releases the box; wait for the guard to be free by calling.
+    call(&m, &cctx, |sb| async move {
+        assert_eq!(read(&sb, "c.txt").await.as_deref(), Some("before-cancel\n"));
+    })
+    .await;
+}
+
+/// Bind-mounted paths are never archived, and survive a restore untouched.
+pub async fn bind_mounts_are_not_archived(fx: &dyn Fixture) {
+    let env = Env::new();
+    let client = fx.client(Persistence::Ephemeral).await;
+    if !client.capabilities().bind_mounts {
+        return;
+    }
+    let host = env.dir.path().join("mounted");
+    std::fs::create_dir_all(&host).expect("mkdir");
+    std::fs::write(host.join("host.txt"), "on the host\n").expect("write");
+    let spec = WorkspaceSpec::builder()
+        .bind_mount("mnt", &host, false)
+        .file("a.txt", "a\n")
+        .build()
+        .expect("spec");
+    let m = env.manager(
+        client,
+        IsolationScope::Session,
+        SandboxConfig::new(spec).snapshots(env.snapshot_spec()),
+    );
+    let ctx = env.ctx().session("bind");
+    let r = call(&m, &ctx, |sb| async move {
+        assert_eq!(sh(&sb, "cat mnt/host.txt").await, "on the host\n");
+        sh(&sb, "echo from-box > mnt/box.txt").await;
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(host.join("box.txt")).expect("written through the mount"),
+        "from-box\n"
+    );
+    let snap = state_from_json(r.state_json.as_deref().expect("state"))
+        .expect("state")
+        .common()
+        .snapshot
+        .clone()
+        .expect("snapshot");
+    let names = tar_names(&*env.snapshots, &snap.key).await;
+    assert!(
+        names.iter().all(|n| !n.starts_with("mnt")),
+        "bind mount archived: {names:?}"
+    );
+    assert!(names.iter().any(|n| n == "a.txt"));
+    call(&m, &ctx, |sb| async move {
+        assert_eq!(
+            sh(&sb, "cat mnt/host.txt mnt/box.txt").await,
+            "on the host\nfrom-box\n"
+        );
+    })
+    .await;
+}
+
+async fn tar_names(store: &dyn SnapshotStore, key: &BlobKey) -> Vec<String> {
+    let bytes = stream::collect(store.get(key).await.expect("get"), 1 << 30)
+        .await
+        .expect("collect");
+    let mut archive = tar::Archive::new(&bytes[..]);
+    archive
+        .entries()
+        .expect("entries")
+        .map(|e| {
+            e.expect("entry")
+                .path()
+                .expect("path")
+                .to_string_lossy()
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect()
+}
+
+async fn cleanup(m: &SandboxManager, ctx: &CallContext) {
+    if let Some(key) = IsolationKey::resolve(m.scope(), ctx)
+        && let Some(json) = m.state_store().load(&key).await.expect("load")
+    {
+        let state = state_from_json(&json).expect("state");
+        m.client().delete(&*state).await.expect("delete");
+        m.state_store().delete(&key).await.expect("delete state");
+    }
+}
+
+/// Generate one `#[tokio::test]` per conformance scenario for a fixture expression.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($fixture:expr) => {
+        $crate::conformance_tests!(@each $fixture;
+            state_round_trip cold_start_applies_spec warm_start_reapplies_only_ephemeral
+            restore_after_release restore_after_external_loss restore_all_and_cold_note
+            second_replica_restores scope_isolation projection_lifecycle timeout_kills_grandchildren
+            exec_basics hostile_snapshot_rejected failed_snapshot_keeps_previous
+            bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
+            bind_mounts_are_not_archived);
+    };
+    (@each $fixture:expr; $($name:ident)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let fixture = $fixture;
+                $crate::testkit::$name(&fixture).await;
+            }
+        )*
+    };
+}

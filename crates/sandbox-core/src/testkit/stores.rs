@@ -1,0 +1,82 @@
+//! Store wrappers for failure scenarios.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+
+use crate::error::{Error, Result};
+use crate::snapshot::{BlobKey, BlobMeta, SnapshotStore};
+use crate::stream::ByteStream;
+
+/// Wraps a store; after [`fail_after`](Self::fail_after), every `put` reads that many bytes of
+/// its input and then fails as if the service went away mid-upload.
+#[derive(Debug)]
+pub struct FailingStore {
+    inner: Arc<dyn SnapshotStore>,
+    budget: Arc<AtomicU64>,
+}
+
+impl FailingStore {
+    /// A healthy wrapper around `inner`.
+    pub fn new(inner: Arc<dyn SnapshotStore>) -> Self {
+        FailingStore {
+            inner,
+            budget: Arc::new(AtomicU64::new(u64::MAX)),
+        }
+    }
+
+    /// Fail every upload after `bytes` bytes.
+    pub fn fail_after(&self, bytes: u64) {
+        self.budget.store(bytes, Ordering::SeqCst);
+    }
+
+    /// Stop failing.
+    pub fn heal(&self) {
+        self.budget.store(u64::MAX, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl SnapshotStore for FailingStore {
+    fn name(&self) -> &'static str {
+        "failing"
+    }
+
+    async fn put(&self, key: &BlobKey, data: ByteStream) -> Result<u64> {
+        let budget = self.budget.load(Ordering::SeqCst);
+        let mut seen = 0u64;
+        let limited = data
+            .map(move |chunk| {
+                let chunk = chunk?;
+                seen += chunk.len() as u64;
+                if seen > budget {
+                    return Err(Error::Unavailable {
+                        service: "snapshot store (injected failure)".into(),
+                        reason: format!("connection lost after {budget} bytes"),
+                        source: None,
+                    });
+                }
+                Ok(chunk)
+            })
+            .boxed();
+        self.inner.put(key, limited).await
+    }
+
+    async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
+        self.inner.get(key).await
+    }
+
+    async fn exists(&self, key: &BlobKey) -> Result<bool> {
+        self.inner.exists(key).await
+    }
+
+    async fn delete(&self, key: &BlobKey) -> Result<()> {
+        self.inner.delete(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<BlobMeta>> {
+        self.inner.list(prefix).await
+    }
+}
