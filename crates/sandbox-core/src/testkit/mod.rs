@@ -943,11 +943,13 @@ async fn cleanup(m: &SandboxManager, ctx: &CallContext) {
     }
 }
 
-/// Generate one `#[tokio::test]` per conformance scenario for a fixture expression.
+/// Generate one `#[tokio::test]` per conformance scenario for a fixture expression, with
+/// optional extra attributes on each test (e.g. an `#[ignore = "..."]` for tests that need a
+/// service and are run by `cargo xtask test`).
 #[macro_export]
 macro_rules! conformance_tests {
-    ($fixture:expr) => {
-        $crate::conformance_tests!(@each $fixture;
+    ($fixture:expr $(, #[$attr:meta])* $(,)?) => {
+        $crate::conformance_tests!(@each [$fixture] [$(#[$attr])*]
             state_round_trip cold_start_applies_spec warm_start_reapplies_only_ephemeral
             restore_after_release restore_after_external_loss restore_all_and_cold_note
             second_replica_restores scope_isolation projection_lifecycle timeout_kills_grandchildren
@@ -955,9 +957,10 @@ macro_rules! conformance_tests {
             bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
             bind_mounts_are_not_archived);
     };
-    (@each $fixture:expr; $($name:ident)*) => {
+    (@each [$fixture:expr] [$(#[$attr:meta])*] $($name:ident)*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$attr])*
             async fn $name() {
                 let fixture = $fixture;
                 $crate::testkit::$name(&fixture).await;
