@@ -152,11 +152,8 @@ impl Inner {
         let parent = abs
             .parent()
             .expect("a path under the workspace has a parent");
-        let tmp = parent.join(format!(
-            ".{}.sbx-{}",
-            path.file_name(),
-            uuid::Uuid::new_v4().simple()
-        ));
+        // A fixed-length name: `<name>.tmp` could exceed NAME_MAX for a long file name.
+        let tmp = parent.join(format!(".sbx-tmp-{}", uuid::Uuid::new_v4().simple()));
         let written = (|| {
             let mut file = fs::OpenOptions::new()
                 .write(true)
@@ -338,7 +335,17 @@ impl BoxHandle for LocalBox {
 
     #[tracing::instrument(skip_all, fields(backend = BACKEND, box_dir = %self.inner.box_dir.display()))]
     async fn export(&self, request: &ExportRequest) -> Result<ByteStream> {
-        self.blocking("export", |i| i.require_workspace()).await?;
+        let paths = request.paths.clone();
+        self.blocking("export", move |i| {
+            i.require_workspace()?;
+            // `pack_dir` looks requested paths up with lstat, which still follows symlinks in
+            // their parents: `outlink/secret` would pack a file from outside the workspace.
+            for path in paths.iter().flatten() {
+                fsutil::parents_are_dirs(&i.workspace, path)?;
+            }
+            Ok(())
+        })
+        .await?;
         let excludes = Excludes::new(request.exclude.clone(), &request.exclude_globs)?;
         Ok(archive::pack_dir(
             self.inner.workspace.clone(),

@@ -21,7 +21,8 @@ pub struct LocalState {
     /// Absolute path of the box directory (`<base_dir>/<box name>`); the workspace is its
     /// `workspace` subdirectory.
     pub box_dir: PathBuf,
-    /// The persistence the box was last released with (the client's option at the time).
+    /// The persistence of the client that created or resumed the box. Informational: a
+    /// resumed box is released according to the resuming client's option.
     pub persistence: Persistence,
     /// The isolation key string the box belongs to, so a box directory recreated on resume
     /// carries the same owner marker as the original.

@@ -367,3 +367,25 @@ async fn exec_without_workspace_is_not_found() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_exec_kills_its_process_group() {
+    let b = TestBox::default().await;
+    let exec = b.sandbox.exec(
+        ExecRequest::shell("echo $$ > main.pid; sleep 300 & echo $! > c.pid; wait")
+            .timeout(Duration::from_secs(120)),
+    );
+    // Dropping the exec future (here by an outer timeout) is a cancellation.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(700), exec)
+            .await
+            .is_err()
+    );
+    for file in ["main.pid", "c.pid"] {
+        let pid = read_pid(b.handle(), file).await;
+        assert!(
+            wait_gone(pid, Duration::from_secs(3)).await,
+            "{file}: {pid} still runs after the exec was cancelled"
+        );
+    }
+}

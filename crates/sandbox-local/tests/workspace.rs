@@ -178,6 +178,9 @@ async fn write_file_replaces_a_symlink_instead_of_following_it() {
         .unwrap_err();
     assert!(matches!(err, Error::PathEscape { .. }), "{err}");
     assert!(!outside.join("x").exists());
+    // A name at NAME_MAX still works (the temp file's name does not grow with it).
+    let long = "n".repeat(255);
+    h.write_file(&rel(&long), "x".into(), 0o644).await.unwrap();
     // Set-id bits are dropped; no temp files are left behind.
     h.write_file(&rel("dir/suid"), "x".into(), 0o4755)
         .await
@@ -267,6 +270,15 @@ async fn export_list_and_import_round_trip() {
         .unwrap();
     let names: Vec<String> = tree(&third.root()).into_keys().collect();
     assert_eq!(names, ["dir", "dir/run.sh"]);
+
+    // A requested path under an outward symlink is refused, not packed from outside.
+    let outside = b.outside();
+    fs::write(outside.join("secret"), "s3cret").unwrap();
+    std::os::unix::fs::symlink(&outside, b.root().join("outdir")).unwrap();
+    let mut request = ExportRequest::default();
+    request.paths = Some(vec![rel("outdir/secret")]);
+    let err = h.export(&request).await.err().unwrap();
+    assert!(matches!(err, Error::PathEscape { .. }), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
