@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("test") => test(),
+        Some("bench") => bench(&args[1..]),
         Some("help") | None => {
             println!(
                 "usage: cargo xtask <task>\n\ntasks:\n  test    fmt check, clippy -D warnings, all tests, the quickstart"
@@ -46,6 +47,25 @@ fn test() -> Result<(), String> {
     run("cargo", &["run", "--quiet", "--example", "quickstart"])?;
     println!("xtask test: all passed in {:.0?}", started.elapsed());
     Ok(())
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    match args.first().map(String::as_str) {
+        Some("snapshot") => {
+            let mut cmd = vec![
+                "bench",
+                "--package",
+                "sandbox-harness",
+                "--bench",
+                "snapshot",
+                "--",
+            ];
+            cmd.extend(args[1..].iter().map(String::as_str));
+            run("cargo", &cmd)
+        }
+        Some(other) => Err(format!("unknown benchmark `{other}` (have: snapshot)")),
+        None => Err("name a benchmark: snapshot".into()),
+    }
 }
 
 fn run(program: &str, args: &[&str]) -> Result<(), String> {

@@ -198,6 +198,38 @@ pub struct TakeRequest {
     pub parent: Option<(SnapshotRef, Arc<Manifest>)>,
 }
 
+impl TakeRequest {
+    /// A request for namespace `namespace` with no excludes, no projection and no parent.
+    pub fn new(namespace: impl Into<String>) -> Self {
+        TakeRequest {
+            namespace: namespace.into(),
+            exclude: Vec::new(),
+            exclude_globs: Vec::new(),
+            projection_hash: None,
+            parent: None,
+        }
+    }
+
+    /// Leave out `paths` and paths matching `globs`.
+    pub fn exclude(mut self, paths: Vec<RelPath>, globs: Vec<String>) -> Self {
+        self.exclude = paths;
+        self.exclude_globs = globs;
+        self
+    }
+
+    /// Record a projection hash.
+    pub fn projection_hash(mut self, hash: Option<String>) -> Self {
+        self.projection_hash = hash;
+        self
+    }
+
+    /// Compare against (and share chunks with) `parent`.
+    pub fn parent(mut self, parent: Option<(SnapshotRef, Arc<Manifest>)>) -> Self {
+        self.parent = parent;
+        self
+    }
+}
+
 /// What [`take`] did.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
