@@ -575,60 +575,161 @@ pub fn link_stays_inside(path: &RelPath, target: &str) -> bool {
     true
 }
 
-/// Validate an untrusted tar stream and re-emit it canonically: GNU headers, relative paths,
-/// permission bits only (set-id bits dropped), no pax or global headers. The output ends with
-/// an error at the first violation, so a consumer that stages before swapping never applies a
-/// bad archive. The input is read to its end (so wrappers that verify a digest see all of it).
+/// Header fields of a re-emitted entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmitMeta {
+    /// Permission bits (set-id bits are dropped on emit).
+    pub mode: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: u64,
+    /// Owner.
+    pub uid: u64,
+    /// Group.
+    pub gid: u64,
+}
+
+impl EmitMeta {
+    /// The fields as the input header has them.
+    pub fn of(header: &tar::Header) -> Self {
+        EmitMeta {
+            mode: header.mode().unwrap_or(0o644),
+            mtime: header.mtime().unwrap_or(0),
+            uid: header.uid().unwrap_or(0),
+            gid: header.gid().unwrap_or(0),
+        }
+    }
+}
+
+/// Callbacks of [`rewrite`].
+pub trait RewriteHooks {
+    /// A validated entry is about to be emitted; return its header fields (or refuse it).
+    fn before(&mut self, entry: &Checked, header: &tar::Header) -> Result<EmitMeta> {
+        let _ = entry;
+        Ok(EmitMeta::of(header))
+    }
+
+    /// The entry was emitted; for files, with the BLAKE3 and length of the content (when
+    /// [`hash_files`](Self::hash_files) is on).
+    fn after(&mut self, entry: &Checked, content: Option<(blake3::Hash, u64)>) -> Result<()> {
+        let _ = (entry, content);
+        Ok(())
+    }
+
+    /// The whole input was read without error; a last chance to refuse it.
+    fn finish(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether file contents are hashed on the way through.
+    fn hash_files(&self) -> bool {
+        false
+    }
+}
+
+struct NoHooks;
+impl RewriteHooks for NoHooks {}
+
+/// A reader that feeds a BLAKE3 hasher and counts.
+struct HashingReader<R> {
+    inner: R,
+    hasher: Option<blake3::Hasher>,
+    n: u64,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Some(h) = self.hasher.as_mut() {
+            h.update(&buf[..n]);
+        }
+        self.n += n as u64;
+        Ok(n)
+    }
+}
+
+/// Read an untrusted tar from `input`, validate every entry ([`Validator`]) and write it
+/// canonically to `out`: GNU headers, relative paths, permission bits only (set-id bits
+/// dropped), no pax or global headers. `hooks` see (and may refuse) each entry. The input is
+/// read to its end (so wrappers that verify a digest see all of it).
+pub fn rewrite<R: Read, W: Write>(
+    input: &mut R,
+    out: W,
+    policy: ArchivePolicy,
+    hooks: &mut dyn RewriteHooks,
+) -> Result<W> {
+    let mut out = new_builder(out);
+    let mut validator = Validator::new(policy);
+    {
+        let mut archive = tar::Archive::new(&mut *input);
+        let entries = archive
+            .entries()
+            .map_err(|e| corrupt("reading the archive", e))?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| corrupt("reading an entry", e))?;
+            let Some(checked) = validator.check(&entry)? else {
+                continue;
+            };
+            let meta = hooks.before(&checked, entry.header())?;
+            let mode = meta.mode & 0o1777;
+            let mut content = None;
+            let res = match &checked {
+                Checked::File { path, size } => {
+                    let mut h = header(tar::EntryType::Regular, mode, meta.mtime, *size);
+                    h.set_uid(meta.uid);
+                    h.set_gid(meta.gid);
+                    let mut reader = HashingReader {
+                        inner: &mut entry,
+                        hasher: hooks.hash_files().then(blake3::Hasher::new),
+                        n: 0,
+                    };
+                    let r = out.append_data(&mut h, path.as_str(), &mut reader);
+                    if let Some(hasher) = reader.hasher.take() {
+                        content = Some((hasher.finalize(), reader.n));
+                    }
+                    r
+                }
+                Checked::Dir { path } => {
+                    let mut h = header(tar::EntryType::Directory, mode, meta.mtime, 0);
+                    h.set_uid(meta.uid);
+                    h.set_gid(meta.gid);
+                    out.append_data(&mut h, path.as_str(), io::empty())
+                }
+                Checked::Symlink { path, target } => {
+                    let mut h = header(tar::EntryType::Symlink, 0o777, meta.mtime, 0);
+                    h.set_uid(meta.uid);
+                    h.set_gid(meta.gid);
+                    out.append_link(&mut h, path.as_str(), target)
+                }
+                Checked::HardLink { path, target } => {
+                    let mut h = header(tar::EntryType::Link, mode, meta.mtime, 0);
+                    out.append_link(&mut h, path.as_str(), target.as_str())
+                }
+            };
+            res.map_err(|e| corrupt(checked.path().as_str(), e))?;
+            hooks.after(&checked, content)?;
+        }
+    }
+    io::copy(input, &mut io::sink()).map_err(|e| corrupt("reading the archive's end", e))?;
+    hooks.finish()?;
+    out.into_inner().map_err(|e| Error::io("tar", e))
+}
+
+/// Validate an untrusted tar stream and re-emit it canonically (see [`rewrite`]). The output
+/// ends with an error at the first violation, so a consumer that stages before swapping never
+/// applies a bad archive.
 pub fn sanitize(input: ByteStream, policy: ArchivePolicy) -> ByteStream {
+    rewrite_stream(input, policy, NoHooks)
+}
+
+/// [`rewrite`] on a stream, on a blocking thread; `hooks` travel with it.
+pub fn rewrite_stream<H: RewriteHooks + Send + 'static>(
+    input: ByteStream,
+    policy: ArchivePolicy,
+    mut hooks: H,
+) -> ByteStream {
     stream::spawn_writer(DEPTH, move |w| {
         let mut reader = stream::blocking_reader(input);
-        let mut out = new_builder(w);
-        let mut validator = Validator::new(policy);
-        {
-            let mut archive = tar::Archive::new(&mut reader);
-            let entries = archive
-                .entries()
-                .map_err(|e| corrupt("reading the archive", e))?;
-            for entry in entries {
-                let mut entry = entry.map_err(|e| corrupt("reading an entry", e))?;
-                let Some(checked) = validator.check(&entry)? else {
-                    continue;
-                };
-                let h0 = entry.header();
-                let mode = h0.mode().unwrap_or(0o644) & 0o1777;
-                let mtime = h0.mtime().unwrap_or(0);
-                let (uid, gid) = (h0.uid().unwrap_or(0), h0.gid().unwrap_or(0));
-                let mut h;
-                let res = match &checked {
-                    Checked::File { path, size } => {
-                        h = header(tar::EntryType::Regular, mode, mtime, *size);
-                        h.set_uid(uid);
-                        h.set_gid(gid);
-                        out.append_data(&mut h, path.as_str(), &mut entry)
-                    }
-                    Checked::Dir { path } => {
-                        h = header(tar::EntryType::Directory, mode, mtime, 0);
-                        h.set_uid(uid);
-                        h.set_gid(gid);
-                        out.append_data(&mut h, path.as_str(), io::empty())
-                    }
-                    Checked::Symlink { path, target } => {
-                        h = header(tar::EntryType::Symlink, 0o777, mtime, 0);
-                        h.set_uid(uid);
-                        h.set_gid(gid);
-                        out.append_link(&mut h, path.as_str(), target)
-                    }
-                    Checked::HardLink { path, target } => {
-                        h = header(tar::EntryType::Link, mode, mtime, 0);
-                        out.append_link(&mut h, path.as_str(), target.as_str())
-                    }
-                };
-                res.map_err(|e| corrupt(checked.path().as_str(), e))?;
-            }
-        }
-        io::copy(&mut reader, &mut io::sink())
-            .map_err(|e| corrupt("reading the archive's end", e))?;
-        out.finish().map_err(|e| Error::io("tar", e))?;
+        rewrite(&mut reader, w, policy, &mut hooks)?;
         Ok(())
     })
 }

@@ -15,7 +15,7 @@ use crate::exec::{ExecRequest, ExecResult};
 use crate::isolation::IsolationKey;
 use crate::path::RelPath;
 use crate::projection::{self, Projection, ProjectionOutcome};
-use crate::snapshot::{self, SnapshotRef, SnapshotSpec};
+use crate::snapshot::{self, Manifest, SnapshotRef, SnapshotSpec, TakeRequest};
 use crate::spec::{EntryKind, WorkspaceSpec};
 use crate::state::{CommonState, SandboxState};
 
@@ -122,8 +122,14 @@ pub struct StartReport {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct StopReport {
-    /// The snapshot taken, if snapshots are on.
+    /// The snapshot describing the workspace now, if snapshots are on.
     pub snapshot: Option<SnapshotRef>,
+    /// Nothing changed since the last snapshot: nothing was written.
+    pub unchanged: bool,
+    /// Files read and hashed.
+    pub files_hashed: u64,
+    /// Bytes written to the snapshot store.
+    pub bytes_written: u64,
     /// Wall time.
     pub duration: Duration,
 }
@@ -138,6 +144,10 @@ pub struct Sandbox {
     config: Arc<SandboxConfig>,
     key: Option<IsolationKey>,
     lifecycle: tokio::sync::Mutex<()>,
+    /// The manifest the next snapshot compares against: the last one taken, or the restored
+    /// tree's metadata with the restored hashes. Empty until the first stop or restore of this
+    /// process; then the state's snapshot manifest is fetched.
+    baseline: Mutex<Option<(SnapshotRef, Arc<Manifest>)>>,
 }
 
 impl fmt::Debug for Sandbox {
@@ -195,6 +205,7 @@ impl Sandbox {
             config,
             key,
             lifecycle: tokio::sync::Mutex::new(()),
+            baseline: Mutex::new(None),
         }
     }
 
@@ -314,27 +325,41 @@ impl Sandbox {
         let span = tracing::info_span!("stop", backend = self.backend(), key = self.key_str());
         async {
             let started = Instant::now();
-            let mut taken = None;
+            let mut report = StopReport {
+                snapshot: None,
+                unchanged: false,
+                files_hashed: 0,
+                bytes_written: 0,
+                duration: Duration::ZERO,
+            };
             if self.config.snapshots.enabled() {
-                let spec = &self.config.spec;
-                let projection_hash = self.common().projection_hash().map(str::to_owned);
-                let snap = snapshot::take(
-                    &*self.handle,
-                    &self.config.snapshots,
-                    spec.unarchived_paths(),
-                    spec.snapshot_excludes.clone(),
-                    projection_hash,
-                )
-                .await?;
-                tracing::info!(snapshot = %snap.id, bytes = snap.size, "snapshot taken");
-                self.update(|c| c.snapshot = Some(snap.clone()));
-                taken = Some(snap);
+                let common = self.common();
+                let request = TakeRequest {
+                    namespace: self.namespace(&common),
+                    exclude: self.config.spec.unarchived_paths(),
+                    exclude_globs: self.config.spec.snapshot_excludes.clone(),
+                    projection_hash: common.projection_hash().map(str::to_owned),
+                    parent: self.parent(&common).await,
+                };
+                let outcome =
+                    snapshot::take(&*self.handle, &self.config.snapshots, request).await?;
+                tracing::info!(
+                    snapshot = %outcome.snapshot.id,
+                    unchanged = outcome.unchanged,
+                    files_hashed = outcome.files_hashed,
+                    bytes = outcome.bytes_written,
+                    "snapshot taken"
+                );
+                self.update(|c| c.snapshot = Some(outcome.snapshot.clone()));
+                *self.baseline.lock().expect("baseline lock") =
+                    Some((outcome.snapshot.clone(), outcome.manifest.clone()));
+                report.unchanged = outcome.unchanged;
+                report.files_hashed = outcome.files_hashed;
+                report.bytes_written = outcome.bytes_written;
+                report.snapshot = Some(outcome.snapshot);
             }
             self.update(|c| c.workspace_root_ready = true);
-            let report = StopReport {
-                snapshot: taken,
-                duration: started.elapsed(),
-            };
+            report.duration = started.elapsed();
             tracing::info!(ms = report.duration.as_millis() as u64, "stopped");
             Ok(report)
         }
@@ -354,6 +379,40 @@ impl Sandbox {
         self.handle.destroy().await
     }
 
+    /// Snapshot namespace: the isolation key's digest, else the one the box's snapshots already
+    /// use, else a new one for this box.
+    fn namespace(&self, common: &CommonState) -> String {
+        if let Some(key) = &self.key {
+            return key.digest();
+        }
+        if let Some(ns) = common
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.manifest.as_str().split('/').nth(1))
+        {
+            return ns.to_owned();
+        }
+        format!("unkeyed-{}", uuid::Uuid::new_v4().simple())
+    }
+
+    /// The parent for change detection: the in-memory baseline if it describes the state's
+    /// snapshot, else the state's snapshot manifest from the store.
+    async fn parent(&self, common: &CommonState) -> Option<(SnapshotRef, Arc<Manifest>)> {
+        let current = common.snapshot.as_ref()?;
+        if let Some((r, m)) = self.baseline.lock().expect("baseline lock").clone()
+            && r.id == current.id
+        {
+            return Some((r, m));
+        }
+        match snapshot::load_manifest(&self.config.snapshots, current).await {
+            Ok(m) => Some((current.clone(), m)),
+            Err(e) => {
+                tracing::warn!(error = %e, snapshot = %current.id, "parent manifest unavailable: taking a full snapshot");
+                None
+            }
+        }
+    }
+
     async fn restore(&self, snap: &SnapshotRef) -> Result<()> {
         let keep: Vec<RelPath> = self
             .config
@@ -361,7 +420,15 @@ impl Sandbox {
             .bind_mounts()
             .map(|(p, _, _)| p.clone())
             .collect();
-        snapshot::restore(&*self.handle, &self.config.snapshots, snap, keep).await?;
+        let manifest = snapshot::restore(&*self.handle, &self.config.snapshots, snap, keep).await?;
+        let baseline = match snapshot::baseline_after_restore(&*self.handle, &manifest).await {
+            Ok(b) => Some((snap.clone(), b)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no change-detection baseline after restore: the next snapshot re-reads everything");
+                None
+            }
+        };
+        *self.baseline.lock().expect("baseline lock") = baseline;
         // The projection record describes the workspace only if the snapshot captured it.
         self.update(|c| {
             if c.projection_hash() != snap.projection_hash.as_deref() {
@@ -382,7 +449,11 @@ impl Sandbox {
         self.handle
             .import(archive::pack(items), ImportMode::Replace { keep })
             .await?;
-        self.update(|c| c.projection = None);
+        self.update(|c| {
+            c.projection = None;
+            c.snapshot = None;
+        });
+        *self.baseline.lock().expect("baseline lock") = None;
         Ok(())
     }
 

@@ -1,37 +1,84 @@
-//! Snapshots: what a box's workspace is archived to at `stop` and restored from at `start`.
+//! The snapshot engine: what a box's workspace is archived to at `stop` and restored from at
+//! `start`.
 //!
-//! A snapshot is written through the box's `export` primitive straight into a
-//! [`SnapshotStore`] blob, hashed on the way; restoring streams the blob back through a digest
-//! check and the archive validator into the box's `import` primitive in `Replace` mode, so a
-//! corrupt, truncated or hostile snapshot fails with [`Error::RestoreIncomplete`] before the
-//! live workspace is touched.
+//! Every snapshot has a [`Manifest`] (each entry's path, kind, mode, size, mtime and BLAKE3
+//! content hash, plus the snapshot's id and parent), stored beside its data. Two formats:
+//!
+//! - [`SnapshotFormat::Tar`]: one tar archive per snapshot — what the spec describes and what a
+//!   human can open with `tar -tf`. Every change re-archives the whole workspace.
+//! - [`SnapshotFormat::Chunked`]: files split into content-defined chunks (FastCDC), each stored
+//!   once under its hash (`chunks/<aa>/<hash>`); the manifest lists them. A stop exports only
+//!   files whose metadata changed and uploads only chunks the parent snapshot does not have.
+//!
+//! Both formats skip unchanged workspaces: `stop` lists the box (size, mtime, mode, inode) and
+//! compares with the parent manifest; nothing is written and the reference stays the same when
+//! nothing changed. Files whose metadata changed are re-read and hashed.
+//!
+//! Restore is verified: the manifest is checked against the digest in the state, then every
+//! archive entry (or chunk) against the manifest and the archive safety rules, and the result
+//! goes to the box's `import` in `Replace` mode, which stages it and swaps only when the whole
+//! stream arrived intact. Any failure is [`Error::RestoreIncomplete`] with the live workspace
+//! untouched.
+//!
+//! Blob layout in a [`SnapshotStore`]: `snapshots/<namespace>/<id>.manifest`,
+//! `snapshots/<namespace>/<id>.tar` (tar format), `chunks/<aa>/<hash>` (chunked format). The
+//! namespace is the isolation key's digest (`unkeyed` for boxes without a key); retention keeps
+//! the newest [`SnapshotSpec::keep_last`] manifests per namespace, and [`gc`] sweeps
+//! unreferenced chunks.
 
+mod chunked;
+mod gc;
+mod manifest;
 mod store;
+mod tar_format;
 
-use std::sync::{Arc, Mutex};
-use std::task::Poll;
+use std::sync::Arc;
+use std::time::Duration;
 
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
 
+pub use gc::{GcOptions, GcReport, gc};
+pub use manifest::{ArchiveInfo, ChunkRef, Header, MANIFEST_VERSION, Manifest, ManifestEntry};
 pub use store::{BlobKey, BlobMeta, LocalDirSnapshotStore, NoopSnapshotStore, SnapshotStore};
 
-use crate::archive::{self, ArchivePolicy};
-use crate::backend::{BoxHandle, ExportRequest, ImportMode};
+use crate::archive::{ArchivePolicy, Excludes};
+use crate::backend::{BoxHandle, EntryType, TreeEntry};
 use crate::error::{Error, Result};
 use crate::path::RelPath;
-use crate::stream::ByteStream;
+use crate::stream;
 
 /// The archive format of a snapshot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum SnapshotFormat {
-    /// One tar archive per snapshot: what the spec describes, and what a human can open
-    /// with `tar -tf`.
+    /// One tar archive per snapshot.
     #[default]
     Tar,
+    /// Content-defined chunks stored once each; incremental.
+    Chunked,
+}
+
+/// Chunk size bounds for [`SnapshotFormat::Chunked`] (FastCDC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Chunking {
+    /// Smallest chunk (except a file's last). Default 64 KiB.
+    pub min: u32,
+    /// Target average. Default 256 KiB.
+    pub avg: u32,
+    /// Largest chunk. Default 1 MiB.
+    pub max: u32,
+}
+
+impl Default for Chunking {
+    fn default() -> Self {
+        Chunking {
+            min: 64 * 1024,
+            avg: 256 * 1024,
+            max: 1024 * 1024,
+        }
+    }
 }
 
 /// A pointer to one stored snapshot, kept in the box's state.
@@ -42,14 +89,20 @@ pub struct SnapshotRef {
     pub id: String,
     /// Archive format.
     pub format: SnapshotFormat,
-    /// Where the archive lives in the store.
-    pub key: BlobKey,
-    /// Archive size in bytes.
+    /// The manifest's blob key.
+    pub manifest: BlobKey,
+    /// The manifest's size in bytes.
+    pub manifest_size: u64,
+    /// BLAKE3 of the manifest (hex); checked on restore, and the manifest pins every byte
+    /// below it.
+    pub manifest_blake3: String,
+    /// Bytes this snapshot wrote to the store (archive or new chunks, plus the manifest).
     pub size: u64,
-    /// SHA-256 of the archive (hex); checked on restore.
-    pub sha256: String,
     /// Creation time, milliseconds since the epoch.
     pub created_unix_ms: i64,
+    /// The snapshot this one was derived from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
     /// The projection hash of the workspace this snapshot captured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub projection_hash: Option<String>,
@@ -61,10 +114,17 @@ pub struct SnapshotRef {
 pub struct SnapshotSpec {
     /// Where snapshot blobs go.
     pub store: Arc<dyn SnapshotStore>,
-    /// Archive format.
+    /// Archive format. Default tar.
     pub format: SnapshotFormat,
-    /// Rules for reading archives back.
+    /// Rules for reading archives and manifests back.
     pub policy: ArchivePolicy,
+    /// Manifests kept per namespace (older ones, and their archives, are deleted after each
+    /// new snapshot; chunks are left to [`gc`]). `0` keeps everything. Default 5.
+    pub keep_last: usize,
+    /// Chunk sizes for the chunked format.
+    pub chunking: Chunking,
+    /// Concurrent blob transfers (chunk uploads and downloads). Default 8.
+    pub concurrency: usize,
 }
 
 impl Default for SnapshotSpec {
@@ -74,12 +134,15 @@ impl Default for SnapshotSpec {
 }
 
 impl SnapshotSpec {
-    /// Snapshots in `store`, tar format, default policy.
+    /// Snapshots in `store`, tar format, default policy, retention 5.
     pub fn new(store: Arc<dyn SnapshotStore>) -> Self {
         SnapshotSpec {
             store,
             format: SnapshotFormat::Tar,
             policy: ArchivePolicy::default(),
+            keep_last: 5,
+            chunking: Chunking::default(),
+            concurrency: 8,
         }
     }
 
@@ -88,9 +151,27 @@ impl SnapshotSpec {
         SnapshotSpec::new(Arc::new(LocalDirSnapshotStore::new(dir)))
     }
 
+    /// Set the format.
+    pub fn format(mut self, format: SnapshotFormat) -> Self {
+        self.format = format;
+        self
+    }
+
     /// Set the archive policy (e.g. strict symlinks).
     pub fn policy(mut self, policy: ArchivePolicy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// Set the retention (manifests kept per namespace; 0 keeps all).
+    pub fn keep_last(mut self, n: usize) -> Self {
+        self.keep_last = n;
+        self
+    }
+
+    /// Set the chunk sizes.
+    pub fn chunking(mut self, chunking: Chunking) -> Self {
+        self.chunking = chunking;
         self
     }
 
@@ -100,149 +181,309 @@ impl SnapshotSpec {
     }
 }
 
-/// Archive the workspace of `handle` (minus `exclude` and `exclude_globs`) into the store.
+/// What to snapshot.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TakeRequest {
+    /// Namespace for retention (the isolation key's digest, or `unkeyed`).
+    pub namespace: String,
+    /// Paths never archived (bind mounts, ephemeral entries).
+    pub exclude: Vec<RelPath>,
+    /// Globs never archived.
+    pub exclude_globs: Vec<String>,
+    /// The workspace's projection hash, recorded in the reference.
+    pub projection_hash: Option<String>,
+    /// The previous snapshot and its manifest (or the post-restore baseline), for change
+    /// detection and chunk reuse.
+    pub parent: Option<(SnapshotRef, Arc<Manifest>)>,
+}
+
+/// What [`take`] did.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TakeOutcome {
+    /// The snapshot now describing the workspace (the parent's, when unchanged).
+    pub snapshot: SnapshotRef,
+    /// Its manifest, to keep as the next parent.
+    pub manifest: Arc<Manifest>,
+    /// Nothing changed: nothing was written.
+    pub unchanged: bool,
+    /// Files whose content was read and hashed.
+    pub files_hashed: u64,
+    /// Bytes written to the store.
+    pub bytes_written: u64,
+}
+
+/// Files modified this close to (or after) the parent's listing are re-hashed even when their
+/// metadata matches: a write in the same clock tick as the listing would be invisible otherwise
+/// (git's "racy" entries). Generous against coarse kernel timestamps.
+const RACY_WINDOW_NS: i64 = 50_000_000;
+
+/// Archive the workspace of `handle` into the store, or find that nothing changed.
 pub async fn take(
     handle: &dyn BoxHandle,
     spec: &SnapshotSpec,
-    exclude: Vec<RelPath>,
-    exclude_globs: Vec<String>,
-    projection_hash: Option<String>,
-) -> Result<SnapshotRef> {
+    request: TakeRequest,
+) -> Result<TakeOutcome> {
+    let started_ns = now_ns();
+    let excludes = Excludes::new(request.exclude.clone(), &request.exclude_globs)?;
+    let live: Vec<TreeEntry> = handle
+        .list()
+        .await?
+        .into_iter()
+        .filter(|e| e.kind != EntryType::Other && !excludes.covers(&e.path))
+        .collect();
+    let parent = request
+        .parent
+        .as_ref()
+        .filter(|(r, _)| r.format == spec.format);
+    let plan = Plan::new(&live, parent.map(|(_, m)| &**m));
+    if let Some((parent_ref, parent_manifest)) = parent
+        && plan.unchanged
+    {
+        let mut same = parent_ref.clone();
+        // The workspace is the same, but projection may have been re-applied identically.
+        same.projection_hash.clone_from(&request.projection_hash);
+        return Ok(TakeOutcome {
+            snapshot: same,
+            manifest: parent_manifest.clone(),
+            unchanged: true,
+            files_hashed: 0,
+            bytes_written: 0,
+        });
+    }
     let id = uuid::Uuid::now_v7().to_string();
-    let key = BlobKey::new(format!("snapshots/{id}.tar"))?;
-    let request = ExportRequest {
-        paths: None,
-        exclude,
-        exclude_globs,
+    let ns = &request.namespace;
+    let ctx = TakeContext {
+        spec,
+        id: &id,
+        namespace: ns,
+        started_ns,
+        excludes: &excludes,
+        exclude: request.exclude.clone(),
+        exclude_globs: request.exclude_globs.clone(),
+        parent_id: parent.map(|(r, _)| r.id.clone()),
     };
-    let archive = handle.export(&request).await?;
-    let digest = Arc::new(Mutex::new((sha2::Sha256::new(), 0u64)));
-    let size = spec
-        .store
-        .put(&key, hashing(archive, digest.clone()))
-        .await?;
-    let (hasher, hashed) = std::mem::take(&mut *digest.lock().expect("digest lock"));
-    debug_assert_eq!(size, hashed);
-    Ok(SnapshotRef {
+    let (manifest, data_bytes, files_hashed) = match spec.format {
+        SnapshotFormat::Tar => tar_format::take(handle, &ctx, &live).await?,
+        SnapshotFormat::Chunked => {
+            chunked::take(handle, &ctx, plan, parent.map(|(_, m)| &**m)).await?
+        }
+    };
+    let bytes = manifest.to_bytes();
+    let manifest_key = manifest_key(ns, &id)?;
+    let manifest_blake3 = blake3::hash(&bytes).to_hex().to_string();
+    let manifest_size = bytes.len() as u64;
+    spec.store.put(&manifest_key, stream::once(bytes)).await?;
+    let snapshot = SnapshotRef {
         id,
-        format: SnapshotFormat::Tar,
-        key,
-        size,
-        sha256: hex::encode(hasher.finalize()),
-        created_unix_ms: unix_ms(),
-        projection_hash,
+        format: spec.format,
+        manifest: manifest_key,
+        manifest_size,
+        manifest_blake3,
+        size: data_bytes + manifest_size,
+        created_unix_ms: started_ns / 1_000_000,
+        parent: manifest.header.parent.clone(),
+        projection_hash: request.projection_hash,
+    };
+    if spec.keep_last > 0
+        && let Err(e) = gc::retain(&*spec.store, ns, spec.keep_last).await
+    {
+        // Retention is housekeeping: the snapshot itself is complete.
+        tracing::warn!(error = %e, namespace = %ns, "snapshot retention failed");
+    }
+    Ok(TakeOutcome {
+        bytes_written: snapshot.size,
+        snapshot,
+        manifest: Arc::new(manifest),
+        unchanged: false,
+        files_hashed,
     })
 }
 
 /// Replace the workspace of `handle` with `snapshot`, keeping the live paths in `keep`.
+/// Returns the verified manifest.
 ///
-/// Any failure (missing blob, digest mismatch, truncation, unsafe entry, backend error) is
-/// [`Error::RestoreIncomplete`] and leaves the live workspace as it was.
+/// Any failure (missing blob, digest mismatch, truncation, a manifest mismatch, an unsafe
+/// entry, a backend error) is [`Error::RestoreIncomplete`] and leaves the live workspace as
+/// it was.
 pub async fn restore(
     handle: &dyn BoxHandle,
     spec: &SnapshotSpec,
     snapshot: &SnapshotRef,
     keep: Vec<RelPath>,
-) -> Result<()> {
+) -> Result<Arc<Manifest>> {
     let incomplete = |reason: &str, source: Error| Error::RestoreIncomplete {
         snapshot: snapshot.id.clone(),
         reason: format!("{reason}: {source}"),
         source: Some(Box::new(source)),
     };
-    let blob = spec
-        .store
-        .get(&snapshot.key)
+    let manifest = load_manifest(spec, snapshot)
         .await
-        .map_err(|e| incomplete("cannot read the archive", e))?;
-    let verified = verify(blob, snapshot.sha256.clone(), snapshot.size);
-    let clean = archive::sanitize(verified, spec.policy);
+        .map_err(|e| incomplete("cannot read the manifest", e))?;
+    let archive = match snapshot.format {
+        SnapshotFormat::Tar => tar_format::restore_stream(spec, &manifest).await,
+        SnapshotFormat::Chunked => Ok(chunked::restore_stream(spec, manifest.clone())),
+    }
+    .map_err(|e| incomplete("cannot read the archive", e))?;
     handle
-        .import(clean, ImportMode::Replace { keep })
+        .import(archive, crate::backend::ImportMode::Replace { keep })
         .await
-        .map_err(|e| incomplete("the archive was rejected", e))
+        .map_err(|e| incomplete("the archive was rejected", e))?;
+    Ok(manifest)
 }
 
-/// Pass `stream` through, feeding a SHA-256 and a byte count.
-fn hashing(stream: ByteStream, digest: Arc<Mutex<(sha2::Sha256, u64)>>) -> ByteStream {
-    stream
-        .inspect(move |chunk| {
-            if let Ok(chunk) = chunk {
-                let mut d = digest.lock().expect("digest lock");
-                d.0.update(chunk);
-                d.1 += chunk.len() as u64;
-            }
-        })
-        .boxed()
+/// Fetch and verify a snapshot's manifest.
+pub async fn load_manifest(spec: &SnapshotSpec, snapshot: &SnapshotRef) -> Result<Arc<Manifest>> {
+    let limit = usize::try_from(snapshot.manifest_size)
+        .unwrap_or(usize::MAX)
+        .min(1 << 30);
+    let bytes = stream::collect(spec.store.get(&snapshot.manifest).await?, limit).await?;
+    let got = blake3::hash(&bytes).to_hex().to_string();
+    if bytes.len() as u64 != snapshot.manifest_size || got != snapshot.manifest_blake3 {
+        return Err(Error::unsafe_archive(
+            "manifest",
+            format!(
+                "digest {got} ({} bytes) differs from the recorded one",
+                bytes.len()
+            ),
+        ));
+    }
+    let policy = spec.policy;
+    let manifest = tokio::task::spawn_blocking(move || Manifest::read_from(&bytes[..], &policy))
+        .await
+        .map_err(|e| Error::backend("core", "manifest", e.to_string()))??;
+    if manifest.header.id != snapshot.id || manifest.header.format != snapshot.format {
+        return Err(Error::unsafe_archive(
+            "manifest",
+            "belongs to another snapshot",
+        ));
+    }
+    Ok(Arc::new(manifest))
 }
 
-/// Pass `stream` through; at its end, fail if its SHA-256 or size differ from the expected ones.
-fn verify(mut stream: ByteStream, sha256: String, size: u64) -> ByteStream {
-    let mut hasher = Some(sha2::Sha256::new());
-    let mut seen = 0u64;
-    futures::stream::poll_fn(move |cx| {
-        let Some(h) = hasher.as_mut() else {
-            return Poll::Ready(None);
+/// After a restore, the live tree's metadata (new inodes, restored mtimes) with the verified
+/// hashes: the baseline the next `take` compares against, so an unchanged restored workspace
+/// is not snapshotted again.
+pub async fn baseline_after_restore(
+    handle: &dyn BoxHandle,
+    manifest: &Manifest,
+) -> Result<Arc<Manifest>> {
+    let live = handle.list().await?;
+    let index = manifest.index();
+    let mut entries = Vec::with_capacity(manifest.entries.len());
+    for e in &live {
+        let Some(m) = index.get(&e.path) else {
+            continue;
         };
-        match stream.poll_next_unpin(cx) {
-            Poll::Ready(Some(Ok(chunk))) => {
-                h.update(&chunk);
-                seen += chunk.len() as u64;
-                if seen > size {
-                    hasher = None;
-                    return Poll::Ready(Some(Err(Error::unsafe_archive(
-                        "",
-                        format!("archive is longer than the recorded {size} bytes"),
-                    ))));
-                }
-                Poll::Ready(Some(Ok(chunk)))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                hasher = None;
-                Poll::Ready(Some(Err(e)))
-            }
-            Poll::Ready(None) => {
-                let got = hex::encode(hasher.take().expect("checked above").finalize());
-                if seen != size {
-                    Poll::Ready(Some(Err(Error::unsafe_archive(
-                        "",
-                        format!("archive is truncated: {seen} of {size} bytes"),
-                    ))))
-                } else if got != sha256 {
-                    Poll::Ready(Some(Err(Error::unsafe_archive(
-                        "",
-                        format!("archive digest {got} differs from the recorded {sha256}"),
-                    ))))
-                } else {
-                    Poll::Ready(None)
-                }
-            }
-            Poll::Pending => Poll::Pending,
+        if m.kind != e.kind || (e.kind == EntryType::File && m.size != e.size) {
+            continue; // not what was restored: leave it out so it counts as changed
         }
-    })
-    .boxed()
+        let mut entry = (*m).clone();
+        entry.mtime_ns = e.mtime_ns;
+        entry.inode = e.inode;
+        entry.mode = e.mode;
+        entries.push(entry);
+    }
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut header = manifest.header.clone();
+    header.entries = entries.len() as u64;
+    header.started_ns = now_ns();
+    Ok(Arc::new(Manifest { header, entries }))
 }
 
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+/// The comparison of a listing with the parent manifest.
+pub(crate) struct Plan {
+    /// Entries in path order; files not reused have `hash: None`.
+    pub entries: Vec<ManifestEntry>,
+    /// Files to read.
+    pub changed: Vec<RelPath>,
+    /// Nothing differs from the parent.
+    pub unchanged: bool,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::stream;
-
-    #[tokio::test]
-    async fn verify_catches_tampering() {
-        let data = bytes::Bytes::from_static(b"archive bytes");
-        let sha = hex::encode(sha2::Sha256::digest(&data));
-        let ok = stream::collect(verify(stream::once(data.clone()), sha.clone(), 13), 100).await;
-        assert!(ok.is_ok());
-        let bad =
-            stream::collect(verify(stream::once("archive bytez"), sha.clone(), 13), 100).await;
-        assert!(bad.unwrap_err().to_string().contains("digest"));
-        let short = stream::collect(verify(stream::once("archive"), sha, 13), 100).await;
-        assert!(short.unwrap_err().to_string().contains("truncated"));
+impl Plan {
+    fn new(live: &[TreeEntry], parent: Option<&Manifest>) -> Plan {
+        let index = parent.map(Manifest::index).unwrap_or_default();
+        let racy_from = parent.map_or(i64::MAX, |m| m.header.started_ns - RACY_WINDOW_NS);
+        let mut entries = Vec::with_capacity(live.len());
+        let mut changed = Vec::new();
+        let mut unchanged = parent.is_some_and(|m| m.entries.len() == live.len());
+        for e in live {
+            match index.get(&e.path) {
+                Some(p)
+                    if p.same_metadata(e)
+                        && (e.kind != EntryType::File || e.mtime_ns < racy_from) =>
+                {
+                    let mut reused = (*p).clone();
+                    reused.inode = e.inode;
+                    entries.push(reused);
+                }
+                _ => {
+                    unchanged = false;
+                    if e.kind == EntryType::File {
+                        changed.push(e.path.clone());
+                    }
+                    entries.push(ManifestEntry::from_tree(e));
+                }
+            }
+        }
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        Plan {
+            entries,
+            changed,
+            unchanged,
+        }
     }
 }
+
+/// Shared inputs of a format's `take`.
+pub(crate) struct TakeContext<'a> {
+    pub spec: &'a SnapshotSpec,
+    pub id: &'a str,
+    pub namespace: &'a str,
+    pub started_ns: i64,
+    pub excludes: &'a Excludes,
+    pub exclude: Vec<RelPath>,
+    pub exclude_globs: Vec<String>,
+    pub parent_id: Option<String>,
+}
+
+impl TakeContext<'_> {
+    fn header(&self, entries: u64, archive: Option<ArchiveInfo>) -> Header {
+        Header {
+            version: MANIFEST_VERSION,
+            id: self.id.to_owned(),
+            parent: self.parent_id.clone(),
+            format: self.spec.format,
+            started_ns: self.started_ns,
+            entries,
+            archive,
+        }
+    }
+}
+
+/// The manifest blob key of snapshot `id` in namespace `ns`.
+pub fn manifest_key(ns: &str, id: &str) -> Result<BlobKey> {
+    BlobKey::new(format!("snapshots/{ns}/{id}.manifest"))
+}
+
+/// The archive blob key of tar-format snapshot `id` in namespace `ns`.
+pub fn archive_key(ns: &str, id: &str) -> Result<BlobKey> {
+    BlobKey::new(format!("snapshots/{ns}/{id}.tar"))
+}
+
+/// The blob key of a chunk.
+pub fn chunk_key(hash: &str) -> Result<BlobKey> {
+    BlobKey::new(format!("chunks/{}/{hash}", &hash[..2]))
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// Default grace period for [`gc`]: chunks younger than this are never swept, so a snapshot in
+/// progress (whose manifest is not written yet) keeps its chunks.
+pub const DEFAULT_GC_GRACE: Duration = Duration::from_secs(3600);

@@ -30,7 +30,9 @@ use crate::manager::{Acquire, AcquiredFrom, CallReport, SandboxManager};
 use crate::path::RelPath;
 use crate::projection::{Projection, ProjectionOutcome};
 use crate::sandbox::{Sandbox, SandboxConfig, StartBranch};
-use crate::snapshot::{BlobKey, LocalDirSnapshotStore, SnapshotSpec, SnapshotStore};
+use crate::snapshot::{
+    BlobKey, LocalDirSnapshotStore, SnapshotFormat, SnapshotSpec, SnapshotStore,
+};
 use crate::spec::WorkspaceSpec;
 use crate::state::{SandboxState, state_from_json, state_to_json};
 use crate::state_store::{FileStateStore, StateStore};
@@ -656,7 +658,7 @@ pub async fn hostile_snapshot_rejected(fx: &dyn Fixture) {
         .finish();
     for (name, bytes) in [("hostile entry", hostile), ("garbage", vec![0x42; 4096])] {
         env.snapshots
-            .put(&snap2.key, stream::once(bytes))
+            .put(&archive_of(&env, &snap2).await, stream::once(bytes))
             .await
             .expect("tamper");
         let err = m.call(&ctx, |_| async {}).await.expect_err(name);
@@ -899,7 +901,7 @@ pub async fn bind_mounts_are_not_archived(fx: &dyn Fixture) {
         .snapshot
         .clone()
         .expect("snapshot");
-    let names = tar_names(&*env.snapshots, &snap.key).await;
+    let names = tar_names(&*env.snapshots, &archive_of(&env, &snap).await).await;
     assert!(
         names.iter().all(|n| !n.starts_with("mnt")),
         "bind mount archived: {names:?}"
@@ -912,6 +914,23 @@ pub async fn bind_mounts_are_not_archived(fx: &dyn Fixture) {
         );
     })
     .await;
+}
+
+/// The tar archive blob of a tar-format snapshot.
+async fn archive_of(env: &Env, snap: &crate::snapshot::SnapshotRef) -> BlobKey {
+    let manifest = crate::snapshot::load_manifest(&env.snapshot_spec(), snap)
+        .await
+        .expect("manifest");
+    BlobKey::new(
+        manifest
+            .header
+            .archive
+            .as_ref()
+            .expect("tar snapshot")
+            .key
+            .clone(),
+    )
+    .expect("key")
 }
 
 async fn tar_names(store: &dyn SnapshotStore, key: &BlobKey) -> Vec<String> {
@@ -943,6 +962,151 @@ async fn cleanup(m: &SandboxManager, ctx: &CallContext) {
     }
 }
 
+/// A stop with nothing changed writes nothing and keeps the snapshot reference, both on a
+/// warm box and right after a restore; a change is picked up again.
+pub async fn skip_unchanged(fx: &dyn Fixture) {
+    for format in [SnapshotFormat::Tar, SnapshotFormat::Chunked] {
+        let env = Env::new();
+        let config = SandboxConfig::new(spec()).snapshots(env.snapshot_spec().format(format));
+        let keep = env.manager(
+            fx.client(Persistence::Keep).await,
+            IsolationScope::Session,
+            config.clone(),
+        );
+        let ctx = env.ctx().session("skip");
+        let first = call(&keep, &ctx, |sb| async move {
+            sh(&sb, "mkdir -p d && echo one > d/one.txt").await;
+        })
+        .await;
+        let id = |r: &CallReport| {
+            r.stop
+                .as_ref()
+                .and_then(|s| s.snapshot.as_ref())
+                .map(|s| s.id.clone())
+        };
+        let second = call(&keep, &ctx, |_| async {}).await;
+        let stop = second.stop.as_ref().expect("stop");
+        assert!(
+            stop.unchanged && stop.bytes_written == 0 && stop.files_hashed == 0,
+            "{format:?} warm: {stop:?}"
+        );
+        assert_eq!(id(&second), id(&first), "{format:?}: same reference");
+        let third = call(&keep, &ctx, |sb| async move {
+            sh(&sb, "echo two > d/two.txt").await;
+        })
+        .await;
+        let stop = third.stop.as_ref().expect("stop");
+        assert!(
+            !stop.unchanged && stop.bytes_written > 0,
+            "{format:?}: a change is snapshotted: {stop:?}"
+        );
+        assert_ne!(id(&third), id(&first));
+        cleanup(&keep, &ctx).await;
+
+        // Ephemeral: every call restores; an untouched restored workspace is not re-snapshotted.
+        let eph = env.manager(
+            fx.client(Persistence::Ephemeral).await,
+            IsolationScope::Session,
+            config,
+        );
+        let ctx = env.ctx().session("skip-eph");
+        let first = call(&eph, &ctx, |sb| async move {
+            sh(&sb, "echo one > one.txt && ln -s one.txt link").await;
+        })
+        .await;
+        let second = call(&eph, &ctx, |_| async {}).await;
+        assert_eq!(branch(&second), StartBranch::RestoreEphemeral);
+        let stop = second.stop.as_ref().expect("stop");
+        assert!(
+            stop.unchanged && stop.bytes_written == 0,
+            "{format:?} after restore: {stop:?}"
+        );
+        assert_eq!(id(&second), id(&first));
+    }
+}
+
+/// Chunked snapshots are incremental: after one small change only new chunks and the manifest
+/// are written, and two replicas restore each other's incremental snapshots, verified.
+pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
+    let env = Env::new();
+    let config =
+        SandboxConfig::new(spec()).snapshots(env.snapshot_spec().format(SnapshotFormat::Chunked));
+    let r1 = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::User,
+        config.clone(),
+    );
+    let r2 = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::User,
+        config,
+    );
+    let ctx = env.ctx().user("carol");
+    let first = call(&r1, &ctx, |sb| async move {
+        // ~2 MiB of incompressible-enough data in several files, plus a small one.
+        sh(&sb, "i=0; while [ $i -lt 4 ]; do head -c 524288 /dev/urandom > big$i.bin; i=$((i+1)); done; echo small > small.txt").await;
+    })
+    .await;
+    let full = first.stop.as_ref().expect("stop").bytes_written;
+    assert!(
+        full > 2 * 1024 * 1024,
+        "first snapshot holds everything: {full}"
+    );
+    let second = call(&r2, &ctx, |sb| async move {
+        assert_eq!(read(&sb, "small.txt").await.as_deref(), Some("small\n"));
+        sh(&sb, "echo changed > small.txt").await;
+    })
+    .await;
+    assert_eq!(branch(&second), StartBranch::RestoreEphemeral);
+    let stop = second.stop.as_ref().expect("stop");
+    assert_eq!(
+        stop.files_hashed, 1,
+        "only the changed file is read: {stop:?}"
+    );
+    assert!(
+        stop.bytes_written < 64 * 1024,
+        "only the changed chunk and the manifest are written: {stop:?}"
+    );
+    let sums = call(&r1, &ctx, |sb| async move {
+        assert_eq!(read(&sb, "small.txt").await.as_deref(), Some("changed\n"));
+        sh(&sb, "cat big0.bin big1.bin big2.bin big3.bin | cksum").await;
+    })
+    .await;
+    assert_eq!(branch(&sums), StartBranch::RestoreEphemeral);
+
+    // A tampered chunk fails the restore loudly; the earlier snapshot still restores.
+    let snap = state_from_json(second.state_json.as_deref().expect("state"))
+        .expect("state")
+        .common()
+        .snapshot
+        .clone()
+        .expect("snap");
+    let manifest = crate::snapshot::load_manifest(&env.snapshot_spec(), &snap)
+        .await
+        .expect("manifest");
+    let small = manifest
+        .entries
+        .iter()
+        .find(|e| e.path.as_str() == "small.txt")
+        .expect("entry");
+    let chunk = crate::snapshot::chunk_key(&small.chunks[0].0).expect("key");
+    env.snapshots
+        .put(&chunk, stream::once("tampered\n"))
+        .await
+        .expect("tamper");
+    let err = r2
+        .call(&ctx, |_| async {})
+        .await
+        .expect_err("tampered chunk");
+    assert!(matches!(err, Error::RestoreIncomplete { .. }), "{err}");
+    let checkpoint = state_from_json(first.state_json.as_deref().expect("state")).expect("state");
+    r2.call_with(&ctx, Acquire::State(checkpoint), |sb| async move {
+        assert_eq!(read(&sb, "small.txt").await.as_deref(), Some("small\n"));
+    })
+    .await
+    .expect("earlier snapshot restores");
+}
+
 /// Generate one `#[tokio::test]` per conformance scenario for a fixture expression, with
 /// optional extra attributes on each test (e.g. an `#[ignore = "..."]` for tests that need a
 /// service and are run by `cargo xtask test`).
@@ -955,16 +1119,20 @@ macro_rules! conformance_tests {
             second_replica_restores scope_isolation projection_lifecycle timeout_kills_grandchildren
             exec_basics hostile_snapshot_rejected failed_snapshot_keeps_previous
             bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
-            bind_mounts_are_not_archived);
+            bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas);
     };
-    (@each [$fixture:expr] [$(#[$attr:meta])*] $($name:ident)*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            $(#[$attr])*
-            async fn $name() {
-                let fixture = $fixture;
-                $crate::testkit::$name(&fixture).await;
-            }
-        )*
+    // The attribute list travels as one token tree: expanding `$attr` (one repetition level)
+    // inside the repetition over `$name` is refused by macro_rules ("`attr` repeats 0 times,
+    // but `name` repeats 17 times"), so each test is expanded by `@one`.
+    (@each [$fixture:expr] $attrs:tt $($name:ident)*) => {
+        $( $crate::conformance_tests!(@one [$fixture] $attrs $name); )*
+    };
+    (@one [$fixture:expr] [$(#[$attr:meta])*] $name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        $(#[$attr])*
+        async fn $name() {
+            let fixture = $fixture;
+            $crate::testkit::$name(&fixture).await;
+        }
     };
 }

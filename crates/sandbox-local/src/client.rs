@@ -1,0 +1,185 @@
+//! [`LocalClient`]: makes and finds box directories.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sandbox_core::{
+    BoxHandle, Capabilities, CreateRequest, Error, Result, SandboxClient, SandboxState,
+    WorkspaceSpec, not_supported,
+};
+
+use crate::BACKEND;
+use crate::fsutil::{self, BindLink};
+use crate::handle::{BoxParts, LocalBox};
+use crate::options::LocalOptions;
+use crate::state::LocalState;
+
+/// The local backend's client: one box is a directory under
+/// [`LocalOptions::base_dir`], commands run as host processes.
+#[derive(Debug, Clone)]
+pub struct LocalClient {
+    options: Arc<LocalOptions>,
+}
+
+impl LocalClient {
+    /// A client with `options`. Nothing is touched on disk until a box is created.
+    pub fn new(options: LocalOptions) -> Self {
+        LocalClient {
+            options: Arc::new(options),
+        }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &LocalOptions {
+        &self.options
+    }
+
+    /// The base directory, created if missing, as a canonical path (so workspace roots are
+    /// canonical and path checks compare like with like).
+    async fn base_dir(&self) -> Result<PathBuf> {
+        let base = self.options.base_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&base).map_err(|e| Error::io(&base, e))?;
+            let canonical = std::fs::canonicalize(&base).map_err(|e| Error::io(&base, e))?;
+            if canonical.to_str().is_none() {
+                return Err(Error::invalid(
+                    "local base directory",
+                    format!("{} is not valid UTF-8", canonical.display()),
+                ));
+            }
+            Ok(canonical)
+        })
+        .await
+        .map_err(|e| Error::backend(BACKEND, "create", e.to_string()))?
+    }
+
+    fn open(
+        &self,
+        box_dir: PathBuf,
+        key: Option<String>,
+        spec: &WorkspaceSpec,
+    ) -> Result<LocalBox> {
+        LocalBox::new(BoxParts {
+            box_dir,
+            key,
+            options: self.options.clone(),
+            spec_env: spec.env.clone(),
+            links: bind_links(spec)?,
+        })
+    }
+}
+
+/// The spec's bind mounts as links; what the local backend cannot honour is refused.
+fn bind_links(spec: &WorkspaceSpec) -> Result<Vec<BindLink>> {
+    if spec.root.is_some() {
+        // The workspace is always `<box dir>/workspace`; silently using another root than
+        // the one asked for would put files where the caller does not expect them.
+        return Err(not_supported(BACKEND, "custom workspace root"));
+    }
+    spec.bind_mounts()
+        .map(|(path, host, read_only)| {
+            if read_only {
+                // A symlink cannot make its target read-only.
+                Err(not_supported(BACKEND, "read-only bind mount"))
+            } else {
+                Ok(BindLink {
+                    path: path.clone(),
+                    host: host.clone(),
+                })
+            }
+        })
+        .collect()
+}
+
+/// A state's box directory must be a box name directly under this client's base directory:
+/// state JSON is input, and `delete` removes that directory recursively.
+fn check_box_dir(box_dir: &Path, base: &Path) -> Result<()> {
+    let name_ok = box_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(fsutil::is_box_name);
+    if name_ok && box_dir.parent() == Some(base) {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "local state",
+            format!(
+                "box directory {} is not a box under this client's base directory {}",
+                box_dir.display(),
+                base.display()
+            ),
+        ))
+    }
+}
+
+async fn check_owner(box_dir: PathBuf, key: Option<String>) -> Result<()> {
+    tokio::task::spawn_blocking(move || fsutil::check_owner(&box_dir, key.as_deref()))
+        .await
+        .map_err(|e| Error::backend(BACKEND, "create", e.to_string()))?
+}
+
+#[async_trait]
+impl SandboxClient for LocalClient {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.keep = true;
+        caps.bind_mounts = true;
+        caps.read_only_bind_mounts = false;
+        caps.isolated = false;
+        caps
+    }
+
+    #[tracing::instrument(skip_all, fields(backend = BACKEND, key = request.key.map(|k| k.as_str())))]
+    async fn create(&self, request: CreateRequest<'_>) -> Result<Box<dyn BoxHandle>> {
+        bind_links(request.spec)?;
+        let base = self.base_dir().await?;
+        let name = match request.key {
+            Some(key) => format!("k-{}", key.digest()),
+            None => format!("b-{}", uuid::Uuid::new_v4()),
+        };
+        let box_dir = base.join(name);
+        let key = request.key.map(|k| k.as_str().to_owned());
+        // The same key always names the same directory: adopt it if it is ours for this key,
+        // refuse it otherwise.
+        check_owner(box_dir.clone(), key.clone()).await?;
+        let handle = self.open(box_dir, key, request.spec)?;
+        tracing::debug!(?handle, "box created");
+        Ok(Box::new(handle))
+    }
+
+    async fn resume(
+        &self,
+        state: &dyn SandboxState,
+        spec: &WorkspaceSpec,
+    ) -> Result<Box<dyn BoxHandle>> {
+        let state = state.downcast::<LocalState>(BACKEND)?;
+        bind_links(spec)?;
+        let base = self.base_dir().await?;
+        check_box_dir(&state.box_dir, &base)?;
+        // The directory may be gone (boot recreates it); if it is there it must be ours.
+        check_owner(state.box_dir.clone(), state.key.clone()).await?;
+        Ok(Box::new(self.open(
+            state.box_dir.clone(),
+            state.key.clone(),
+            spec,
+        )?))
+    }
+
+    async fn delete(&self, state: &dyn SandboxState) -> Result<()> {
+        let state = state.downcast::<LocalState>(BACKEND)?;
+        let base = self.base_dir().await?;
+        check_box_dir(&state.box_dir, &base)?;
+        let (box_dir, key) = (state.box_dir.clone(), state.key.clone());
+        tokio::task::spawn_blocking(move || {
+            fsutil::check_owner(&box_dir, key.as_deref())?;
+            fsutil::remove_any(&box_dir).map_err(|e| Error::io(&box_dir, e))
+        })
+        .await
+        .map_err(|e| Error::backend(BACKEND, "delete", e.to_string()))?
+    }
+}

@@ -1,0 +1,289 @@
+//! Blocking filesystem helpers of the box layout. None of them follows a symlink it did not
+//! resolve on purpose.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sandbox_core::archive::ensure_parents;
+use sandbox_core::{Error, RelPath, Result};
+use serde::{Deserialize, Serialize};
+
+/// Name of the owner marker file inside a box directory.
+pub(crate) const MARKER: &str = ".sandbox-box.json";
+/// Name of the workspace directory inside a box directory.
+pub(crate) const WORKSPACE: &str = "workspace";
+/// Prefix of staging directories (inside the box directory, beside the workspace).
+pub(crate) const STAGING_PREFIX: &str = ".staging-";
+/// Prefix of replaced workspaces awaiting removal.
+pub(crate) const OLD_PREFIX: &str = ".old-";
+
+/// A read-write bind mount, realized as a symlink at `path` pointing to `host`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BindLink {
+    pub path: RelPath,
+    pub host: PathBuf,
+}
+
+/// What makes a box directory recognisably ours.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Marker {
+    pub backend: String,
+    #[serde(default)]
+    pub key: Option<String>,
+    pub created_unix_ms: u64,
+}
+
+impl Marker {
+    pub fn new(key: Option<&str>) -> Self {
+        Marker {
+            backend: crate::BACKEND.to_owned(),
+            key: key.map(str::to_owned),
+            created_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+}
+
+/// Whether `name` is a box name this backend generates: `k-<16 hex>` or `b-<uuid>`.
+pub(crate) fn is_box_name(name: &str) -> bool {
+    if let Some(digest) = name.strip_prefix("k-") {
+        digest.len() == 16 && digest.bytes().all(|b| b.is_ascii_hexdigit())
+    } else if let Some(id) = name.strip_prefix("b-") {
+        uuid::Uuid::try_parse(id).is_ok()
+    } else {
+        false
+    }
+}
+
+/// Check that `box_dir` is free or ours for `key`:
+/// missing or empty → free; carrying our marker with the same key → ours; else
+/// [`Error::Conflict`]. An empty directory is accepted because a crash between creating the
+/// directory and writing its marker leaves one.
+pub(crate) fn check_owner(box_dir: &Path, key: Option<&str>) -> Result<()> {
+    let conflict = |reason: String| Error::Conflict {
+        key: box_dir.display().to_string(),
+        reason,
+    };
+    match fs::symlink_metadata(box_dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(box_dir, e)),
+        Ok(m) if !m.is_dir() => {
+            return Err(conflict("exists and is not a directory".into()));
+        }
+        Ok(_) => {}
+    }
+    let marker_path = box_dir.join(MARKER);
+    match fs::read(&marker_path) {
+        Ok(bytes) => {
+            let marker: Marker = serde_json::from_slice(&bytes)
+                .map_err(|e| conflict(format!("unreadable owner marker {MARKER}: {e}")))?;
+            if marker.backend != crate::BACKEND {
+                return Err(conflict(format!(
+                    "owned by the `{}` backend, not `{}`",
+                    marker.backend,
+                    crate::BACKEND
+                )));
+            }
+            if marker.key.as_deref() != key {
+                return Err(conflict(
+                    "the box belongs to another isolation key (digest collision or reused \
+                     directory)"
+                        .into(),
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let empty = fs::read_dir(box_dir)
+                .map_err(|e| Error::io(box_dir, e))?
+                .next()
+                .is_none();
+            if empty {
+                Ok(())
+            } else {
+                Err(conflict(format!(
+                    "the directory has no {MARKER} owner marker, so it is not a box of this \
+                     backend"
+                )))
+            }
+        }
+        Err(e) => Err(Error::io(marker_path, e)),
+    }
+}
+
+/// Create the box directory and its owner marker if missing, after checking ownership.
+pub(crate) fn ensure_box(box_dir: &Path, key: Option<&str>) -> Result<()> {
+    check_owner(box_dir, key)?;
+    fs::create_dir_all(box_dir).map_err(|e| Error::io(box_dir, e))?;
+    let marker_path = box_dir.join(MARKER);
+    if fs::symlink_metadata(&marker_path).is_ok() {
+        return Ok(());
+    }
+    let json = serde_json::to_vec_pretty(&Marker::new(key))
+        .map_err(|e| Error::backend(crate::BACKEND, "boot", e.to_string()))?;
+    // Written beside and renamed, so a reader never sees a half-written marker.
+    let tmp = box_dir.join(format!("{MARKER}.tmp-{}", uuid::Uuid::new_v4().simple()));
+    fs::write(&tmp, json).map_err(|e| Error::io(&tmp, e))?;
+    fs::rename(&tmp, &marker_path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::io(&marker_path, e)
+    })
+}
+
+/// Remove staging and old-workspace directories a crashed import left in `box_dir`.
+pub(crate) fn remove_leftovers(box_dir: &Path) {
+    let Ok(entries) = fs::read_dir(box_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(STAGING_PREFIX) || name.starts_with(OLD_PREFIX) {
+            let path = entry.path();
+            if let Err(e) = remove_any(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove a leftover import directory");
+            }
+        }
+    }
+}
+
+/// Remove a file, a symlink (never its target) or a directory tree. Missing is fine.
+pub(crate) fn remove_any(path: &Path) -> io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Check the parent components of `rel` under `root` with `lstat`.
+///
+/// `Ok(true)`: every parent is a real directory. `Ok(false)`: a parent is missing or is not a
+/// directory, so nothing can exist at `rel`. [`Error::PathEscape`]: a parent is a symlink.
+pub(crate) fn parents_are_dirs(root: &Path, rel: &RelPath) -> Result<bool> {
+    let mut cur = root.to_path_buf();
+    let parts: Vec<&str> = rel.components().collect();
+    for part in &parts[..parts.len() - 1] {
+        cur.push(part);
+        match fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(Error::path_escape(
+                    rel.as_str(),
+                    format!("passes through the symlink `{}`", cur.display()),
+                ));
+            }
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(Error::io(&cur, e)),
+        }
+    }
+    Ok(true)
+}
+
+/// Whether `root` exists as a real directory (a symlink in its place does not count).
+pub(crate) fn is_real_dir(root: &Path) -> Result<bool> {
+    match fs::symlink_metadata(root) {
+        Ok(m) => Ok(m.is_dir()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(root, e)),
+    }
+}
+
+/// [`ensure_parents`] for single-file operations: its refusal is a path escape, not an archive
+/// problem.
+pub(crate) fn ensure_parents_of(root: &Path, rel: &RelPath) -> Result<PathBuf> {
+    ensure_parents(root, rel).map_err(|e| match e {
+        Error::UnsafeArchive { path, reason } => Error::PathEscape { path, reason },
+        other => other,
+    })
+}
+
+/// Make each bind link exist under `root` as a symlink to its host path. A missing link is
+/// created and a link pointing elsewhere is replaced; a file or directory in the way is a
+/// [`Error::Conflict`] (it may be the user's data, so it is never removed).
+pub(crate) fn install_bind_links(root: &Path, links: &[BindLink]) -> Result<()> {
+    for link in links {
+        let abs = ensure_parents_of(root, &link.path)?;
+        match fs::symlink_metadata(&abs) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if fs::read_link(&abs).ok().as_deref() == Some(link.host.as_path()) {
+                    continue;
+                }
+                fs::remove_file(&abs).map_err(|e| Error::io(&abs, e))?;
+            }
+            Ok(_) => {
+                return Err(Error::Conflict {
+                    key: link.path.to_string(),
+                    reason: "a file or directory occupies the bind mount's path".into(),
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&abs, e)),
+        }
+        std::os::unix::fs::symlink(&link.host, &abs).map_err(|e| Error::io(&abs, e))?;
+    }
+    Ok(())
+}
+
+/// Paths a resolved path may lie under: the workspace root and the host paths of the
+/// read-write bind mounts (canonicalized; ones that do not exist are skipped).
+pub(crate) fn allowed_roots(workspace: &Path, links: &[BindLink]) -> Vec<PathBuf> {
+    let mut roots = vec![workspace.to_path_buf()];
+    roots.extend(links.iter().filter_map(|l| fs::canonicalize(&l.host).ok()));
+    roots
+}
+
+/// Whether the canonical path `resolved` lies at or under one of `roots`, by components.
+pub(crate) fn is_within(resolved: &Path, roots: &[PathBuf]) -> bool {
+    roots.iter().any(|r| resolved.starts_with(r))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn box_names() {
+        assert!(is_box_name("k-0123456789abcdef"));
+        assert!(is_box_name("b-67e55044-10b1-426f-9247-bb680e5fe0c8"));
+        assert!(!is_box_name("k-0123"));
+        assert!(!is_box_name(".."));
+        assert!(!is_box_name("b-not-a-uuid"));
+        assert!(!is_box_name("home"));
+    }
+
+    #[test]
+    fn within_is_by_component() {
+        let roots = vec![PathBuf::from("/ws/user1")];
+        assert!(is_within(Path::new("/ws/user1"), &roots));
+        assert!(is_within(Path::new("/ws/user1/a"), &roots));
+        assert!(!is_within(Path::new("/ws/user10"), &roots));
+        assert!(!is_within(Path::new("/ws"), &roots));
+    }
+
+    #[test]
+    fn owner_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = dir.path().join("k-0123456789abcdef");
+        check_owner(&b, Some("k1")).unwrap();
+        ensure_box(&b, Some("k1")).unwrap();
+        check_owner(&b, Some("k1")).unwrap();
+        assert!(matches!(
+            check_owner(&b, Some("k2")),
+            Err(Error::Conflict { .. })
+        ));
+        let foreign = dir.path().join("foreign");
+        fs::create_dir(&foreign).unwrap();
+        check_owner(&foreign, None).unwrap();
+        fs::write(foreign.join("data"), "x").unwrap();
+        assert!(matches!(
+            check_owner(&foreign, None),
+            Err(Error::Conflict { .. })
+        ));
+    }
+}

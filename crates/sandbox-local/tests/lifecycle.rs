@@ -1,0 +1,277 @@
+//! Box lifecycle: names, ownership, state JSON, release/destroy/delete, resume, and the whole
+//! call lifecycle of core's manager on top of this backend.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{local_state, rel};
+use sandbox_core::{
+    CallContext, CreateRequest, Error, ExecRequest, ImportMode, IsolationKey, IsolationScope,
+    Persistence, SandboxClient, SandboxConfig, SandboxManager, SnapshotSpec, StartBranch,
+    WorkspaceSpec, known_state_tags, state_from_json, state_to_json,
+};
+use sandbox_local::{LocalClient, LocalOptions, LocalState};
+
+fn client(base: &Path, persistence: Persistence) -> LocalClient {
+    LocalClient::new(
+        LocalOptions::default()
+            .base_dir(base)
+            .persistence(persistence),
+    )
+}
+
+fn key(session: &str) -> IsolationKey {
+    IsolationKey::resolve(
+        IsolationScope::Session,
+        &CallContext::new("agent").session(session),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_and_capabilities() {
+    let c = LocalClient::new(LocalOptions::default());
+    assert_eq!(c.backend(), "local");
+    let caps = c.capabilities();
+    assert!(caps.keep && caps.bind_mounts);
+    assert!(!caps.read_only_bind_mounts && !caps.isolated);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_json_round_trips_and_the_tag_is_registered() {
+    assert!(
+        known_state_tags().iter().any(|t| t == "local"),
+        "{:?}",
+        known_state_tags()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let c = client(dir.path(), Persistence::Keep);
+    let spec = WorkspaceSpec::default();
+    let k = key("s1");
+    let h = c.create(CreateRequest::new(&spec, Some(&k))).await.unwrap();
+    let json = state_to_json(&*h.state()).unwrap();
+    assert!(json.contains(r#""type":"local""#), "{json}");
+    let back = state_from_json(&json).unwrap();
+    assert_eq!(state_to_json(&*back).unwrap(), json);
+    let st = back.downcast::<LocalState>("local").unwrap();
+    assert_eq!(st, &local_state(&*h));
+    assert_eq!(st.persistence, Persistence::Keep);
+    assert_eq!(st.key.as_deref(), Some(k.as_str()));
+    assert_eq!(st.common.workspace_root, h.workspace_root());
+    // Canonical, absolute, `<base>/k-<digest>/workspace`.
+    let base = fs::canonicalize(dir.path()).unwrap();
+    assert_eq!(st.box_dir, base.join(format!("k-{}", k.digest())));
+    assert_eq!(Path::new(h.workspace_root()), st.box_dir.join("workspace"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boot_makes_the_box_dir_and_marker_but_not_the_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = client(dir.path(), Persistence::Ephemeral);
+    let h = c
+        .create(CreateRequest::new(&WorkspaceSpec::default(), None))
+        .await
+        .unwrap();
+    let box_dir = local_state(&*h).box_dir;
+    assert!(
+        !box_dir.exists(),
+        "create must not touch the disk beyond the base dir"
+    );
+    h.boot().await.unwrap();
+    h.boot().await.unwrap();
+    let marker: serde_json::Value =
+        serde_json::from_slice(&fs::read(box_dir.join(".sandbox-box.json")).unwrap()).unwrap();
+    assert_eq!(marker["backend"], "local");
+    assert!(!h.workspace_exists().await.unwrap());
+    assert!(
+        box_dir
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("b-")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_finds_the_same_box_and_foreign_dirs_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = client(dir.path(), Persistence::Keep);
+    let spec = WorkspaceSpec::default();
+    let k = key("s1");
+    let h1 = c.create(CreateRequest::new(&spec, Some(&k))).await.unwrap();
+    h1.boot().await.unwrap();
+    h1.import(common::tar_of(&[("f", b"1")]), ImportMode::Merge)
+        .await
+        .unwrap();
+    h1.release().await.unwrap();
+    let h2 = c.create(CreateRequest::new(&spec, Some(&k))).await.unwrap();
+    assert_eq!(h1.workspace_root(), h2.workspace_root());
+    assert_eq!(&h2.read_file(&rel("f")).await.unwrap()[..], b"1");
+
+    // A directory of that name that is not ours: refused, untouched.
+    let k2 = key("s2");
+    let foreign = fs::canonicalize(dir.path())
+        .unwrap()
+        .join(format!("k-{}", k2.digest()));
+    fs::create_dir_all(&foreign).unwrap();
+    fs::write(foreign.join("someone-elses.txt"), "data").unwrap();
+    let err = c
+        .create(CreateRequest::new(&spec, Some(&k2)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+    assert!(foreign.join("someone-elses.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_release_keeps_and_ephemeral_release_removes() {
+    for (persistence, survives) in [(Persistence::Keep, true), (Persistence::Ephemeral, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let c = client(dir.path(), persistence);
+        let h = c
+            .create(CreateRequest::new(
+                &WorkspaceSpec::default(),
+                Some(&key("s")),
+            ))
+            .await
+            .unwrap();
+        h.boot().await.unwrap();
+        h.import(
+            common::tar_of(&[("f", b"1")]),
+            ImportMode::Replace { keep: vec![] },
+        )
+        .await
+        .unwrap();
+        let box_dir = local_state(&*h).box_dir;
+        h.release().await.unwrap();
+        assert_eq!(box_dir.exists(), survives, "{persistence:?}");
+        assert_eq!(h.workspace_exists().await.unwrap(), survives);
+        // destroy removes whatever the persistence, and is idempotent.
+        h.destroy().await.unwrap();
+        assert!(!box_dir.exists());
+        h.destroy().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_after_the_box_dir_was_deleted_boots_without_a_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = client(dir.path(), Persistence::Keep);
+    let spec = WorkspaceSpec::default();
+    let h = c
+        .create(CreateRequest::new(&spec, Some(&key("s"))))
+        .await
+        .unwrap();
+    h.boot().await.unwrap();
+    h.import(
+        common::tar_of(&[("f", b"1")]),
+        ImportMode::Replace { keep: vec![] },
+    )
+    .await
+    .unwrap();
+    let state = h.state();
+    let box_dir = local_state(&*h).box_dir;
+    fs::remove_dir_all(&box_dir).unwrap();
+
+    let json = state_to_json(&*state).unwrap();
+    let state = state_from_json(&json).unwrap();
+    let resumed = c.resume(&*state, &spec).await.unwrap();
+    assert_eq!(resumed.workspace_root(), h.workspace_root());
+    resumed.boot().await.unwrap();
+    assert!(box_dir.join(".sandbox-box.json").exists());
+    assert!(!resumed.workspace_exists().await.unwrap());
+    // The recreated box carries the key, so the key still finds it.
+    c.create(CreateRequest::new(&spec, Some(&key("s"))))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_removes_the_box_and_tampered_states_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = client(dir.path(), Persistence::Keep);
+    let spec = WorkspaceSpec::default();
+    let h = c.create(CreateRequest::new(&spec, None)).await.unwrap();
+    h.boot().await.unwrap();
+    let state = h.state();
+    let box_dir = local_state(&*h).box_dir;
+    c.delete(&*state).await.unwrap();
+    assert!(!box_dir.exists());
+    c.delete(&*state).await.unwrap();
+
+    // A state pointing elsewhere (not a box under the base dir) must never be deleted.
+    let victim = tempfile::tempdir().unwrap();
+    fs::write(victim.path().join("important"), "x").unwrap();
+    let mut value: serde_json::Value =
+        serde_json::from_str(&state_to_json(&*state).unwrap()).unwrap();
+    for forged in [
+        victim.path().display().to_string(),
+        format!(
+            "{}/b-67e55044-10b1-426f-9247-bb680e5fe0c8",
+            victim.path().display()
+        ),
+    ] {
+        value["box_dir"] = forged.clone().into();
+        let forged_state = state_from_json(&value.to_string()).unwrap();
+        let err = c.delete(&*forged_state).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidInput { .. }), "{forged}: {err}");
+        let err = c.resume(&*forged_state, &spec).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidInput { .. }), "{forged}: {err}");
+    }
+    assert!(victim.path().join("important").exists());
+
+    // A box-named directory under the base dir that lacks our marker is not deleted either.
+    fs::create_dir_all(&box_dir).unwrap();
+    fs::write(box_dir.join("not-ours"), "x").unwrap();
+    let err = c.delete(&*state).await.unwrap_err();
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+    assert!(box_dir.join("not-ours").exists());
+}
+
+async fn run_call(manager: &SandboxManager, line: &str) -> (StartBranch, String) {
+    let ctx = CallContext::new("agent").session("s1");
+    let line = line.to_owned();
+    let called = manager
+        .call(&ctx, |sandbox| async move {
+            sandbox.exec(ExecRequest::shell(line)).await.unwrap()
+        })
+        .await
+        .unwrap();
+    (
+        called.report.start.unwrap().branch,
+        called.value.stdout_str().into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_calls_restore_ephemeral_boxes_and_warm_start_kept_ones() {
+    for (persistence, second) in [
+        (Persistence::Ephemeral, StartBranch::RestoreEphemeral),
+        (Persistence::Keep, StartBranch::Warm),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = WorkspaceSpec::builder()
+            .file("README.md", "read me\n")
+            .build()
+            .unwrap();
+        let config = SandboxConfig::new(spec)
+            .snapshots(SnapshotSpec::local_dir(dir.path().join("snapshots")));
+        let manager =
+            SandboxManager::builder(Arc::new(client(&dir.path().join("boxes"), persistence)))
+                .config(config)
+                .build();
+        let (branch, out) = run_call(&manager, "echo v1 > data.txt; cat README.md").await;
+        assert_eq!(branch, StartBranch::Cold);
+        assert_eq!(out, "read me\n");
+        let boxes = fs::read_dir(dir.path().join("boxes")).unwrap().count();
+        assert_eq!(boxes, usize::from(persistence == Persistence::Keep));
+
+        let (branch, out) = run_call(&manager, "cat data.txt README.md").await;
+        assert_eq!(branch, second, "{persistence:?}");
+        assert_eq!(out, "v1\nread me\n");
+    }
+}
