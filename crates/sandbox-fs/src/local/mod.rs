@@ -137,14 +137,14 @@ fn lexical(path: &Path) -> PathBuf {
 }
 
 /// Striped locks serializing read-modify-write on the same target file.
-struct PathLocks(Vec<tokio::sync::Mutex<()>>);
+pub(crate) struct PathLocks(Vec<tokio::sync::Mutex<()>>);
 
 impl PathLocks {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         PathLocks((0..64).map(|_| tokio::sync::Mutex::new(())).collect())
     }
 
-    async fn lock(&self, path: &Path) -> tokio::sync::MutexGuard<'_, ()> {
+    pub(crate) async fn lock(&self, path: &Path) -> tokio::sync::MutexGuard<'_, ()> {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         path.hash(&mut h);
         self.0[(h.finish() % self.0.len() as u64) as usize]

@@ -1,9 +1,9 @@
 //! The host shell of the local mode.
 //!
 //! sandbox-local has the same machinery for its boxes but keeps it crate-private; this is the
-//! minimum the local mode needs: `sh -c` in its own process group, output read concurrently
-//! with a cap, the whole group killed on timeout (and when the call is dropped), a minimal
-//! environment unless told to inherit.
+//! minimum the local mode needs, with the same semantics: `sh -c` in its own process group,
+//! output read concurrently with a cap, the whole group killed when the command ends or times
+//! out (and when the call is dropped), a minimal environment unless told to inherit.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,6 +21,8 @@ use crate::filesystem::Shell;
 
 /// `PATH` given to commands that do not inherit the environment.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// How long output pipes may stay open after the process group is gone.
+const READER_GRACE: Duration = Duration::from_secs(1);
 
 /// `sh -c` on the host.
 #[derive(Clone)]
@@ -50,10 +52,6 @@ impl fmt::Debug for LocalShell {
 struct GroupGuard(Option<Pid>);
 
 impl GroupGuard {
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-
     fn kill(&mut self) {
         if let Some(pgid) = self.0.take() {
             // ESRCH (already gone) is fine.
@@ -108,49 +106,34 @@ impl LocalShell {
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
         let cap = self.max_output;
-        let mut out_task = tokio::spawn(read_capped(stdout, cap));
-        let mut err_task = tokio::spawn(read_capped(stderr, cap));
-        // Wait for the shell and for both pipes: a backgrounded grandchild holding a pipe keeps
-        // the command running until the timeout kills its group.
-        let finished = tokio::time::timeout(timeout, async {
-            let status = child.wait().await;
-            let out = (&mut out_task).await;
-            let err = (&mut err_task).await;
-            (status, out, err)
-        })
-        .await;
-        match finished {
-            Ok((status, out, err)) => {
-                let status = status.map_err(|e| Error::io(&self.cwd, e))?;
-                // Finished normally: what it started in the background with its output sent
-                // elsewhere (a dev server) is left running, on purpose.
-                group.disarm();
-                let output = CapturedOutput {
-                    stdout: joined(out)?,
-                    stderr: joined(err)?,
-                };
-                let result = ExecResult::new(status.code(), output, false, started.elapsed());
-                tracing::info!(exit_code = ?result.exit_code, truncated = result.truncated(), "executed");
-                Ok(result)
-            }
-            Err(_) => {
-                group.kill();
-                let _ = child.wait().await;
-                tracing::warn!("command timed out; process group killed");
-                // The readers end once every holder of the pipes is dead; output so far is kept.
-                // A process that left the group (setsid) could hold them: bound the wait.
-                let grace = Duration::from_secs(2);
-                let (out, err) = tokio::join!(
-                    tokio::time::timeout(grace, out_task),
-                    tokio::time::timeout(grace, err_task)
-                );
-                let output = CapturedOutput {
-                    stdout: out.ok().map(joined).transpose()?.unwrap_or_default(),
-                    stderr: err.ok().map(joined).transpose()?.unwrap_or_default(),
-                };
-                Ok(ExecResult::new(None, output, true, started.elapsed()))
-            }
+        let out_task = tokio::spawn(read_capped(stdout, cap));
+        let err_task = tokio::spawn(read_capped(stderr, cap));
+        // Wait for the shell itself; its output is read concurrently all along.
+        let (status, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(status) => (Some(status.map_err(|e| Error::io(&self.cwd, e))?), false),
+            Err(_) => (None, true),
+        };
+        // As in sandbox-local: whatever the command left in its group (background jobs,
+        // grandchildren) dies with it, after a normal exit as after a timeout.
+        group.kill();
+        if timed_out {
+            let _ = child.wait().await;
+            tracing::warn!("command timed out; process group killed");
         }
+        // Only a process that left the group (setsid) can keep the pipes open now: bound the
+        // wait for the rest of the output.
+        let (out, err) = tokio::join!(
+            tokio::time::timeout(READER_GRACE, out_task),
+            tokio::time::timeout(READER_GRACE, err_task)
+        );
+        let output = CapturedOutput {
+            stdout: out.ok().map(joined).transpose()?.unwrap_or_default(),
+            stderr: err.ok().map(joined).transpose()?.unwrap_or_default(),
+        };
+        let code = status.and_then(|s| s.code());
+        let result = ExecResult::new(code, output, timed_out, started.elapsed());
+        tracing::info!(exit_code = ?result.exit_code, timed_out, truncated = result.truncated(), "executed");
+        Ok(result)
     }
 }
 
