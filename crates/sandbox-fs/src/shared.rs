@@ -32,7 +32,7 @@ use sandbox_core::{CallContext, Error, ErrorKind, IsolationKey, IsolationScope, 
 
 use crate::filesystem::{Filesystem, Shell, UpdateFn};
 use crate::kv::{KvStore, Precondition};
-use crate::local::{LocalFs, LocalOptions, not_a_dir, not_found};
+use crate::local::{LocalFs, LocalOptions, is_dir, not_a_dir, not_found};
 use crate::types::{FileInfo, FileKind, WriteOutcome};
 
 /// Options of the shared-store mode (the spec's `RemoteFilesystemSpec`).
@@ -401,6 +401,7 @@ impl SharedStoreFs {
         key: &str,
         update: &mut UpdateFn<'_>,
     ) -> Result<WriteOutcome> {
+        self.check_shape(rel, ns, key).await?;
         let attempts = self.shared.options.max_retries.max(1);
         for attempt in 0..attempts {
             let (current, expected) = match self.store().get(ns, key).await? {
@@ -431,6 +432,25 @@ impl SharedStoreFs {
                 "gave up after {attempts} compare-and-set attempts: the file is being changed by others right now; try again"
             ),
         })
+    }
+
+    /// Keep the stored tree a tree: no file where stored files form a directory, and no file
+    /// under a stored file.
+    async fn check_shape(&self, rel: &RelPath, ns: &str, key: &str) -> Result<()> {
+        if !self.store().list(ns, &format!("{key}/")).await?.is_empty() {
+            return Err(is_dir(rel.as_str()));
+        }
+        let parts: Vec<&str> = key.split('/').collect();
+        for n in 1..parts.len() {
+            let ancestor = parts[..n].join("/");
+            if self.store().get(ns, &ancestor).await?.is_some() {
+                return Err(Error::invalid(
+                    "path",
+                    format!("a parent of `{rel}` is a file, not a directory"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     async fn delete_rel(&self, rel: &RelPath, routed: Option<(&str, &str)>) -> Result<()> {
@@ -498,7 +518,15 @@ impl Filesystem for SharedStoreFs {
         match self.place(path)? {
             Place::Routed { rel, ns, key } => match self.store().get(&ns, &key).await? {
                 Some(v) => Ok(v.value),
-                None => self.local().read(rel.as_str()).await,
+                None => match self.local().read(rel.as_str()).await {
+                    Err(e)
+                        if e.kind() == ErrorKind::NotFound
+                            && !self.remote_walk(Some(&rel)).await?.is_empty() =>
+                    {
+                        Err(is_dir(path))
+                    }
+                    other => other,
+                },
             },
             _ => self.local().read(path).await,
         }
