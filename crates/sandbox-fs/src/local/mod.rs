@@ -48,6 +48,8 @@ pub const METADATA_PREFIXES: &[&str] = &[
 /// Per-user paths: with a user bound, these live in `workspace/<user>/`.
 pub const USER_LEVEL_PREFIXES: &[&str] = &["MEMORY.md", "memory", "agents", "plans", "skills"];
 
+/// The directory of [`DEFAULT_WORKSPACE_DIR`] inside the project.
+const WORKSPACE_PARENT: &str = ".sandbox-harness";
 /// Marks a workspace subdirectory as a user's; other users' calls cannot reach into it.
 const USER_MARKER: &str = ".sandbox-fs-user";
 /// Infix of temporary files of atomic writes.
@@ -556,7 +558,10 @@ impl LocalFs {
             return true;
         }
         let abs = dir.join(name);
-        if abs == self.inner.workspace.real {
+        let ws = &self.inner.workspace.real;
+        // The workspace (and the default layout's own directory around it) is not project
+        // content.
+        if &abs == ws || (name == WORKSPACE_PARENT && ws.starts_with(&abs)) {
             return true;
         }
         dir == self.inner.workspace.real && abs.join(USER_MARKER).exists()
