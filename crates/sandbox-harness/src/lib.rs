@@ -1,2 +1,20 @@
-//! sandbox-harness facade (work in progress).
-pub use sandbox_core as core;
+#![doc = include_str!("../../../README.md")]
+
+pub use sandbox_core::*;
+
+/// The host process backend (feature `local`, on by default).
+#[cfg(feature = "local")]
+pub use sandbox_local as local;
+
+/// The `type` tags of the backends this build of the facade links, sorted.
+///
+/// Naming each backend crate here also keeps its state type linked, so state JSON written by
+/// any enabled backend can be read back (see [`state_from_json`]).
+pub fn enabled_backends() -> Vec<&'static str> {
+    let mut tags = vec![
+        #[cfg(feature = "local")]
+        sandbox_local::BACKEND,
+    ];
+    tags.sort_unstable();
+    tags
+}

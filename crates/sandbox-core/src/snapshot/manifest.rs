@@ -113,9 +113,11 @@ impl ManifestEntry {
     /// Whether a listed entry still looks like this one by metadata alone (kind, size, mtime,
     /// mode, inode where both sides know it, link target).
     pub fn same_metadata(&self, live: &TreeEntry) -> bool {
+        // A directory's mtime moves whenever an entry inside is added, removed or replaced
+        // (an ephemeral file rewritten at start, say); what matters is seen on the entries.
         self.kind == live.kind
             && self.mode == live.mode
-            && self.mtime_ns == live.mtime_ns
+            && (self.kind == EntryType::Dir || self.mtime_ns == live.mtime_ns)
             && (self.kind != EntryType::File || self.size == live.size)
             && (self.inode.is_none() || live.inode.is_none() || self.inode == live.inode)
             && self.link_target == live.link_target

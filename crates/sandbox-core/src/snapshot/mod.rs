@@ -214,11 +214,6 @@ pub struct TakeOutcome {
     pub bytes_written: u64,
 }
 
-/// Files modified this close to (or after) the parent's listing are re-hashed even when their
-/// metadata matches: a write in the same clock tick as the listing would be invisible otherwise
-/// (git's "racy" entries). Generous against coarse kernel timestamps.
-const RACY_WINDOW_NS: i64 = 50_000_000;
-
 /// Archive the workspace of `handle` into the store, or find that nothing changed.
 pub async fn take(
     handle: &dyn BoxHandle,
@@ -239,18 +234,49 @@ pub async fn take(
         .filter(|(r, _)| r.format == spec.format);
     let plan = Plan::new(&live, parent.map(|(_, m)| &**m));
     if let Some((parent_ref, parent_manifest)) = parent
-        && plan.unchanged
+        && !plan.structural
     {
-        let mut same = parent_ref.clone();
-        // The workspace is the same, but projection may have been re-applied identically.
-        same.projection_hash.clone_from(&request.projection_hash);
-        return Ok(TakeOutcome {
-            snapshot: same,
-            manifest: parent_manifest.clone(),
-            unchanged: true,
-            files_hashed: 0,
-            bytes_written: 0,
+        // Only racy files (if any) stand between us and "unchanged": confirm them by content.
+        let hashes = if plan.racy.is_empty() {
+            Default::default()
+        } else {
+            let request = crate::backend::ExportRequest {
+                paths: Some(plan.racy.clone()),
+                exclude: request.exclude.clone(),
+                exclude_globs: request.exclude_globs.clone(),
+            };
+            hash_files(handle, request, spec.policy).await?
+        };
+        let index = parent_manifest.index();
+        let confirmed = plan.racy.iter().all(|p| {
+            hashes.get(p).is_some_and(|(h, size)| {
+                index
+                    .get(p)
+                    .is_some_and(|e| e.hash.as_ref() == Some(h) && e.size == *size)
+            })
         });
+        if confirmed {
+            let mut same = parent_ref.clone();
+            same.projection_hash.clone_from(&request.projection_hash);
+            // The baseline for the next stop: the parent's content with today's metadata.
+            let mut entries = plan.entries;
+            for e in &mut entries {
+                if e.hash.is_none() && e.kind == EntryType::File {
+                    let p = index.get(&e.path).expect("racy files are in the parent");
+                    e.hash.clone_from(&p.hash);
+                    e.chunks.clone_from(&p.chunks);
+                }
+            }
+            let mut header = parent_manifest.header.clone();
+            header.started_ns = started_ns;
+            return Ok(TakeOutcome {
+                snapshot: same,
+                manifest: Arc::new(Manifest { header, entries }),
+                unchanged: true,
+                files_hashed: plan.racy.len() as u64,
+                bytes_written: 0,
+            });
+        }
     }
     let id = uuid::Uuid::now_v7().to_string();
     let ns = &request.namespace;
@@ -394,33 +420,41 @@ pub async fn baseline_after_restore(
 
 /// The comparison of a listing with the parent manifest.
 pub(crate) struct Plan {
-    /// Entries in path order; files not reused have `hash: None`.
+    /// Entries in path order; files to be read have `hash: None`.
     pub entries: Vec<ManifestEntry>,
-    /// Files to read.
+    /// Files to read: new, or metadata changed, or racy.
     pub changed: Vec<RelPath>,
-    /// Nothing differs from the parent.
-    pub unchanged: bool,
+    /// Of `changed`, the files whose metadata matches the parent but which were modified too
+    /// close to its listing to trust it.
+    pub racy: Vec<RelPath>,
+    /// Something differs from the parent other than racy files: a path added or removed, a
+    /// kind, mode, size, mtime or link target changed.
+    pub structural: bool,
 }
 
 impl Plan {
     fn new(live: &[TreeEntry], parent: Option<&Manifest>) -> Plan {
         let index = parent.map(Manifest::index).unwrap_or_default();
-        let racy_from = parent.map_or(i64::MAX, |m| m.header.started_ns - RACY_WINDOW_NS);
+        let racy_from = parent.map_or(i64::MAX, |m| m.header.started_ns - racy_window_ns());
         let mut entries = Vec::with_capacity(live.len());
         let mut changed = Vec::new();
-        let mut unchanged = parent.is_some_and(|m| m.entries.len() == live.len());
+        let mut racy = Vec::new();
+        let mut structural = parent.is_none_or(|m| m.entries.len() != live.len());
         for e in live {
             match index.get(&e.path) {
-                Some(p)
-                    if p.same_metadata(e)
-                        && (e.kind != EntryType::File || e.mtime_ns < racy_from) =>
-                {
-                    let mut reused = (*p).clone();
-                    reused.inode = e.inode;
-                    entries.push(reused);
+                Some(p) if p.same_metadata(e) => {
+                    if e.kind == EntryType::File && e.mtime_ns >= racy_from {
+                        racy.push(e.path.clone());
+                        changed.push(e.path.clone());
+                        entries.push(ManifestEntry::from_tree(e));
+                    } else {
+                        let mut reused = (*p).clone();
+                        reused.inode = e.inode;
+                        entries.push(reused);
+                    }
                 }
                 _ => {
-                    unchanged = false;
+                    structural = true;
                     if e.kind == EntryType::File {
                         changed.push(e.path.clone());
                     }
@@ -432,9 +466,54 @@ impl Plan {
         Plan {
             entries,
             changed,
-            unchanged,
+            racy,
+            structural,
         }
     }
+}
+
+/// Files modified this close to (or after) the parent's listing are re-hashed even when their
+/// metadata matches: a write in the same timestamp tick as the listing would be invisible
+/// otherwise (git's "racy" entries). File timestamps come from the kernel's coarse clock, so
+/// the window is twice its resolution, clamped to 2..50 ms.
+fn racy_window_ns() -> i64 {
+    static WINDOW: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *WINDOW.get_or_init(|| {
+        let res = nix::time::clock_getres(nix::time::ClockId::CLOCK_REALTIME_COARSE)
+            .map(|t| t.tv_sec() * 1_000_000_000 + t.tv_nsec())
+            .unwrap_or(25_000_000);
+        (2 * res).clamp(2_000_000, 50_000_000)
+    })
+}
+
+/// Hash the content of `paths` in the box (one export).
+async fn hash_files(
+    handle: &dyn BoxHandle,
+    ctx_request: crate::backend::ExportRequest,
+    policy: ArchivePolicy,
+) -> Result<std::collections::HashMap<RelPath, (String, u64)>> {
+    let exported = handle.export(&ctx_request).await?;
+    tokio::task::spawn_blocking(move || {
+        let mut reader = stream::blocking_reader(exported);
+        let mut out = std::collections::HashMap::new();
+        let mut validator = crate::archive::Validator::new(policy);
+        let mut archive = tar::Archive::new(&mut reader);
+        for entry in archive.entries().map_err(|e| Error::io("export", e))? {
+            let mut entry = entry.map_err(|e| Error::io("export", e))?;
+            if let Some(crate::archive::Checked::File { path, size }) = validator.check(&entry)? {
+                let mut hasher = blake3::Hasher::new();
+                let n = std::io::copy(&mut entry, &mut hasher)
+                    .map_err(|e| Error::io(path.as_str(), e))?;
+                if n == size {
+                    out.insert(path, (hasher.finalize().to_hex().to_string(), size));
+                }
+            }
+        }
+        std::io::copy(&mut reader, &mut std::io::sink()).map_err(|e| Error::io("export", e))?;
+        Ok(out)
+    })
+    .await
+    .map_err(|e| Error::backend("core", "hashing", e.to_string()))?
 }
 
 /// Shared inputs of a format's `take`.

@@ -987,7 +987,7 @@ pub async fn skip_unchanged(fx: &dyn Fixture) {
         let second = call(&keep, &ctx, |_| async {}).await;
         let stop = second.stop.as_ref().expect("stop");
         assert!(
-            stop.unchanged && stop.bytes_written == 0 && stop.files_hashed == 0,
+            stop.unchanged && stop.bytes_written == 0,
             "{format:?} warm: {stop:?}"
         );
         assert_eq!(id(&second), id(&first), "{format:?}: same reference");

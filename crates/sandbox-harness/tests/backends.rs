@@ -1,0 +1,46 @@
+//! Every enabled backend is linked: its state tag is registered, unique, and round-trips.
+
+use std::collections::BTreeSet;
+
+use sandbox_harness::{
+    CreateRequest, SandboxClient, WorkspaceSpec, known_state_tags, state_from_json, state_to_json,
+};
+
+#[test]
+fn enabled_backends_are_registered_and_unique() {
+    let enabled = sandbox_harness::enabled_backends();
+    assert!(
+        !enabled.is_empty(),
+        "the default build enables the local backend"
+    );
+    let known: BTreeSet<&str> = known_state_tags().iter().map(String::as_str).collect();
+    assert_eq!(
+        known.len(),
+        known_state_tags().len(),
+        "state tags are unique"
+    );
+    for tag in &enabled {
+        assert!(
+            known.contains(tag),
+            "backend `{tag}` is enabled but its state type is not linked"
+        );
+    }
+}
+
+#[cfg(feature = "local")]
+#[tokio::test]
+async fn local_state_round_trips_through_the_facade() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = sandbox_harness::local::LocalClient::new(
+        sandbox_harness::local::LocalOptions::default().base_dir(dir.path()),
+    );
+    let spec = WorkspaceSpec::default();
+    let handle = client
+        .create(CreateRequest::new(&spec, None))
+        .await
+        .unwrap();
+    let json = state_to_json(&*handle.state()).unwrap();
+    let back = state_from_json(&json).unwrap();
+    assert_eq!(back.typetag_name(), sandbox_harness::local::BACKEND);
+    assert_eq!(state_to_json(&*back).unwrap(), json);
+}
