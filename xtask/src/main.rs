@@ -61,17 +61,34 @@ fn bench(args: &[String]) -> Result<(), String> {
                 "--",
             ];
             cmd.extend(args[1..].iter().map(String::as_str));
-            run("cargo", &cmd)
+            let out = workspace_root().join("target/bench");
+            run_with_env(
+                "cargo",
+                &cmd,
+                &[("SANDBOX_BENCH_OUT", out.to_str().expect("UTF-8 path"))],
+            )
         }
         Some(other) => Err(format!("unknown benchmark `{other}` (have: snapshot)")),
         None => Err("name a benchmark: snapshot".into()),
     }
 }
 
+fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    run_with_env(program, args, &[])
+}
+
+fn run_with_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
     println!("xtask: $ {program} {}", args.join(" "));
     let status = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .status()
         .map_err(|e| format!("cannot run {program}: {e}"))?;
     if status.success() {

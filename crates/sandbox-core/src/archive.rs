@@ -714,6 +714,40 @@ pub fn rewrite<R: Read, W: Write>(
     out.into_inner().map_err(|e| Error::io("tar", e))
 }
 
+/// Read a tar from `input` with the same validation and hooks as [`rewrite`], without
+/// re-emitting it: for archives that are stored as they come and only need inspecting (and
+/// hashing) on the side. Reads `input` to its end.
+pub fn inspect<R: Read>(
+    input: &mut R,
+    policy: ArchivePolicy,
+    hooks: &mut dyn RewriteHooks,
+) -> Result<()> {
+    let mut validator = Validator::new(policy);
+    {
+        let mut archive = tar::Archive::new(&mut *input);
+        let entries = archive
+            .entries()
+            .map_err(|e| corrupt("reading the archive", e))?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| corrupt("reading an entry", e))?;
+            let Some(checked) = validator.check(&entry)? else {
+                continue;
+            };
+            hooks.before(&checked, entry.header())?;
+            let mut content = None;
+            if matches!(checked, Checked::File { .. }) && hooks.hash_files() {
+                let mut hasher = blake3::Hasher::new();
+                let n = io::copy(&mut entry, &mut hasher)
+                    .map_err(|e| corrupt(checked.path().as_str(), e))?;
+                content = Some((hasher.finalize(), n));
+            }
+            hooks.after(&checked, content)?;
+        }
+    }
+    io::copy(input, &mut io::sink()).map_err(|e| corrupt("reading the archive's end", e))?;
+    hooks.finish()
+}
+
 /// Validate an untrusted tar stream and re-emit it canonically (see [`rewrite`]). The output
 /// ends with an error at the first violation, so a consumer that stages before swapping never
 /// applies a bad archive.

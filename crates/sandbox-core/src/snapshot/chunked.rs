@@ -1,6 +1,11 @@
 //! The chunked format: files cut into content-defined chunks (FastCDC), each stored once under
 //! its BLAKE3 in `chunks/<aa>/<hash>`; the manifest lists every file's chunks.
 //!
+//! Small files (under the minimum chunk size) are packed into *bundles*: blobs of up to the
+//! maximum chunk size holding several files back to back, stored like chunks and referenced as
+//! `[bundle, len, offset]`. A tree of 100,000 tiny files thus becomes a few hundred blobs, not
+//! 100,000, and small files with identical content share one slice.
+//!
 //! Taking: only files whose metadata changed since the parent are exported from the box; their
 //! chunks not already in the parent are uploaded (several at once), then the manifest.
 //! Chunks the parent has are referenced, never re-sent. A chunk not in the parent is always
@@ -8,15 +13,15 @@
 //! only sweeps chunks older than its grace period, so a chunk this snapshot relies on is never
 //! swept under it.
 //!
-//! Restoring: chunks are fetched (several at once, in manifest order), each checked against its
-//! hash, each file against its hash, and assembled into a tar stream that then passes the
-//! archive validator before the box imports it.
+//! Restoring: blobs are fetched (several at once, in manifest order, a bundle once for the run
+//! of files it holds), each checked against its hash, each file against its hash, and assembled
+//! into a tar stream that then passes the archive validator before the box imports it.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Read};
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
@@ -27,6 +32,9 @@ use crate::backend::{BoxHandle, EntryType};
 use crate::error::{Error, Result};
 use crate::path::RelPath;
 use crate::stream::{self, ByteStream};
+
+/// Largest bundle accepted on restore (bundles are written up to the maximum chunk size).
+const MAX_BUNDLE: usize = 64 << 20;
 
 /// What the chunker learned about one exported file.
 struct FileChunks {
@@ -43,9 +51,17 @@ pub(super) async fn take(
 ) -> Result<(Manifest, u64, u64)> {
     let spec = ctx.spec;
     let mut known: HashSet<String> = HashSet::new();
+    // Small files of the parent by content: an unchanged small file (touched, or copied)
+    // points at its old slice instead of going into a new bundle.
+    let mut small: HashMap<String, ChunkRef> = HashMap::new();
     if let Some(p) = parent {
         for e in &p.entries {
-            known.extend(e.chunks.iter().map(|c| c.0.clone()));
+            known.extend(e.chunks.iter().map(|c| c.hash.clone()));
+            if let ([one], Some(h)) = (&e.chunks[..], &e.hash)
+                && one.offset.is_some()
+            {
+                small.insert(h.clone(), one.clone());
+            }
         }
     }
     let mut chunked: HashMap<RelPath, FileChunks> = HashMap::new();
@@ -59,19 +75,29 @@ pub(super) async fn take(
         let cdc = spec.chunking;
         let chunker = tokio::task::spawn_blocking(move || {
             let mut reader = stream::blocking_reader(exported);
-            chunk_archive(&mut reader, policy, cdc, known, &tx)
+            Chunker {
+                cdc,
+                known,
+                small,
+                tx,
+                bundle: Bundle::default(),
+            }
+            .run(&mut reader, policy)
         });
         let store = spec.store.clone();
-        let uploads = tokio_stream(rx)
-            .map(|(hash, data)| {
-                let store = store.clone();
-                async move {
-                    let len = data.len() as u64;
-                    store.put(&chunk_key(&hash)?, stream::once(data)).await?;
-                    Ok::<u64, Error>(len)
-                }
-            })
-            .buffer_unordered(spec.concurrency.max(1));
+        let uploads = futures::stream::poll_fn({
+            let mut rx = rx;
+            move |cx| rx.poll_recv(cx)
+        })
+        .map(|(hash, data)| {
+            let store = store.clone();
+            async move {
+                let len = data.len() as u64;
+                store.put(&chunk_key(&hash)?, stream::once(data)).await?;
+                Ok::<u64, Error>(len)
+            }
+        })
+        .buffer_unordered(spec.concurrency.max(1));
         let mut uploads = Box::pin(uploads);
         let mut upload_error = None;
         while let Some(r) = uploads.next().await {
@@ -119,38 +145,81 @@ pub(super) async fn take(
     ))
 }
 
-/// Cut every file of an exported archive into chunks; send chunks nobody has yet.
-fn chunk_archive<R: Read>(
-    reader: &mut R,
-    policy: ArchivePolicy,
+/// Small files waiting to be sealed into one bundle.
+#[derive(Default)]
+struct Bundle {
+    data: BytesMut,
+    /// Files in it: path, offset, length.
+    members: Vec<(RelPath, u64, u64)>,
+}
+
+struct Chunker {
     cdc: super::Chunking,
-    mut known: HashSet<String>,
-    tx: &mpsc::Sender<(String, Bytes)>,
-) -> Result<HashMap<RelPath, FileChunks>> {
-    let mut out = HashMap::new();
-    let mut validator = archive::Validator::new(policy);
-    let mut archive = tar::Archive::new(&mut *reader);
-    for entry in archive.entries().map_err(|e| Error::io("export", e))? {
-        let mut entry = entry.map_err(|e| Error::io("export", e))?;
-        let Some(Checked::File { path, size }) = validator.check(&entry)? else {
-            continue;
-        };
+    known: HashSet<String>,
+    small: HashMap<String, ChunkRef>,
+    tx: mpsc::Sender<(String, Bytes)>,
+    bundle: Bundle,
+}
+
+impl Chunker {
+    /// Cut every file of an exported archive into chunks or bundle slices; send blobs nobody
+    /// has yet.
+    fn run<R: Read>(
+        mut self,
+        reader: &mut R,
+        policy: ArchivePolicy,
+    ) -> Result<HashMap<RelPath, FileChunks>> {
+        let mut out = HashMap::new();
+        let mut validator = archive::Validator::new(policy);
+        {
+            let mut archive = tar::Archive::new(&mut *reader);
+            for entry in archive.entries().map_err(|e| Error::io("export", e))? {
+                let mut entry = entry.map_err(|e| Error::io("export", e))?;
+                let Some(Checked::File { path, size }) = validator.check(&entry)? else {
+                    continue;
+                };
+                let file = if size < u64::from(self.cdc.min) {
+                    self.small_file(&mut entry, &path, size)?
+                } else {
+                    self.large_file(&mut entry, &path, size)?
+                };
+                out.insert(path, file);
+                if self.bundle.data.len() >= self.cdc.max as usize {
+                    self.seal(&mut out)?;
+                }
+            }
+        }
+        self.seal(&mut out)?;
+        std::io::copy(reader, &mut std::io::sink()).map_err(|e| Error::io("export", e))?;
+        Ok(out)
+    }
+
+    fn send(&mut self, hash: String, data: Bytes) -> Result<()> {
+        if self.known.insert(hash.clone()) && self.tx.blocking_send((hash, data)).is_err() {
+            // The uploader stopped (a failed put); its error is reported by the caller.
+            return Err(Error::backend("core", "snapshot", "chunk upload stopped"));
+        }
+        Ok(())
+    }
+
+    fn large_file<R: Read>(
+        &mut self,
+        entry: &mut R,
+        path: &RelPath,
+        size: u64,
+    ) -> Result<FileChunks> {
         let mut file_hasher = blake3::Hasher::new();
         let mut chunks = Vec::new();
         let mut total = 0u64;
-        for chunk in fastcdc::v2020::StreamCDC::new(&mut entry, cdc.min, cdc.avg, cdc.max) {
+        for chunk in fastcdc::v2020::StreamCDC::new(entry, self.cdc.min, self.cdc.avg, self.cdc.max)
+        {
             let chunk =
                 chunk.map_err(|e| Error::io(path.as_str(), io::Error::other(e.to_string())))?;
             file_hasher.update(&chunk.data);
             let hash = blake3::hash(&chunk.data).to_hex().to_string();
             total += chunk.length as u64;
-            chunks.push(ChunkRef(hash.clone(), chunk.length as u64));
-            if known.insert(hash.clone())
-                && tx.blocking_send((hash, Bytes::from(chunk.data))).is_err()
-            {
-                // The uploader stopped (a failed put); its error is reported by the caller.
-                return Err(Error::backend("core", "snapshot", "chunk upload stopped"));
-            }
+            chunks.push(ChunkRef::whole(hash.clone(), chunk.length as u64));
+            self.send(hash, Bytes::from(chunk.data))?;
         }
         if total != size {
             return Err(Error::unsafe_archive(
@@ -158,52 +227,161 @@ fn chunk_archive<R: Read>(
                 format!("exported {total} of {size} bytes"),
             ));
         }
-        out.insert(
-            path,
-            FileChunks {
-                hash: file_hasher.finalize().to_hex().to_string(),
-                size,
-                chunks,
-            },
-        );
+        Ok(FileChunks {
+            hash: file_hasher.finalize().to_hex().to_string(),
+            size,
+            chunks,
+        })
     }
-    std::io::copy(reader, &mut std::io::sink()).map_err(|e| Error::io("export", e))?;
-    Ok(out)
+
+    fn small_file<R: Read>(
+        &mut self,
+        entry: &mut R,
+        path: &RelPath,
+        size: u64,
+    ) -> Result<FileChunks> {
+        let mut content = Vec::with_capacity(size as usize);
+        entry
+            .read_to_end(&mut content)
+            .map_err(|e| Error::io(path.as_str(), e))?;
+        if content.len() as u64 != size {
+            return Err(Error::unsafe_archive(
+                path.as_str(),
+                format!("exported {} of {size} bytes", content.len()),
+            ));
+        }
+        let hash = blake3::hash(&content).to_hex().to_string();
+        if size == 0 {
+            return Ok(FileChunks {
+                hash,
+                size,
+                chunks: Vec::new(),
+            });
+        }
+        if let Some(slice) = self.small.get(&hash) {
+            return Ok(FileChunks {
+                hash,
+                size,
+                chunks: vec![slice.clone()],
+            });
+        }
+        let offset = self.bundle.data.len() as u64;
+        self.bundle.data.extend_from_slice(&content);
+        self.bundle.members.push((path.clone(), offset, size));
+        // The slice is filled in when the bundle is sealed.
+        Ok(FileChunks {
+            hash,
+            size,
+            chunks: Vec::new(),
+        })
+    }
+
+    /// Seal the open bundle when it is full (or at the end): upload it and point its members
+    /// at it.
+    fn seal(&mut self, out: &mut HashMap<RelPath, FileChunks>) -> Result<()> {
+        if self.bundle.members.is_empty() {
+            return Ok(());
+        }
+        let bundle = std::mem::take(&mut self.bundle);
+        let data = bundle.data.freeze();
+        let hash = blake3::hash(&data).to_hex().to_string();
+        for (path, offset, len) in bundle.members {
+            let slice = ChunkRef::slice(hash.clone(), len, offset);
+            if let Some(f) = out.get_mut(&path) {
+                self.small.insert(f.hash.clone(), slice.clone());
+                f.chunks = vec![slice];
+            }
+        }
+        self.send(hash, data)
+    }
 }
 
-/// Assemble a tar stream from the manifest and verified chunks, validated like any archive.
+/// One blob to fetch and the pieces of it the assembler wants, in order.
+struct Fetch {
+    hash: String,
+    /// Whole blobs: the expected length. Bundles: `None`.
+    whole_len: Option<u64>,
+    slices: Vec<(u64, u64)>,
+}
+
+/// Group the manifest's pieces into fetches: consecutive slices of one bundle share a fetch.
+fn plan_fetches(manifest: &Manifest) -> Vec<Fetch> {
+    let mut fetches: Vec<Fetch> = Vec::new();
+    for c in manifest.entries.iter().flat_map(|e| e.chunks.iter()) {
+        match c.offset {
+            None => fetches.push(Fetch {
+                hash: c.hash.clone(),
+                whole_len: Some(c.len),
+                slices: vec![(0, c.len)],
+            }),
+            Some(off) => match fetches.last_mut() {
+                Some(last) if last.whole_len.is_none() && last.hash == c.hash => {
+                    last.slices.push((off, c.len))
+                }
+                _ => fetches.push(Fetch {
+                    hash: c.hash.clone(),
+                    whole_len: None,
+                    slices: vec![(off, c.len)],
+                }),
+            },
+        }
+    }
+    fetches
+}
+
+/// Assemble a tar stream from the manifest and verified blobs, validated like any archive.
 pub(super) fn restore_stream(spec: &SnapshotSpec, manifest: Arc<Manifest>) -> ByteStream {
     let store = spec.store.clone();
     let concurrency = spec.concurrency.max(1);
-    let refs: Vec<ChunkRef> = manifest
-        .entries
-        .iter()
-        .flat_map(|e| e.chunks.iter().cloned())
-        .collect();
-    let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(concurrency * 2);
+    let fetches = plan_fetches(&manifest);
+    let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(concurrency * 4);
     tokio::spawn(async move {
-        let fetches = futures::stream::iter(refs)
-            .map(|ChunkRef(hash, len)| {
+        let fetched = futures::stream::iter(fetches)
+            .map(|f| {
                 let store = store.clone();
                 async move {
-                    let key = chunk_key(&hash)?;
-                    let limit = usize::try_from(len).unwrap_or(usize::MAX);
+                    let key = chunk_key(&f.hash)?;
+                    let limit = f
+                        .whole_len
+                        .map_or(MAX_BUNDLE, |l| usize::try_from(l).unwrap_or(usize::MAX));
                     let data = stream::collect(store.get(&key).await?, limit).await?;
-                    if data.len() as u64 != len || blake3::hash(&data).to_hex().as_str() != hash {
+                    if f.whole_len.is_some_and(|l| data.len() as u64 != l)
+                        || blake3::hash(&data).to_hex().as_str() != f.hash
+                    {
                         return Err(Error::unsafe_archive(
                             key.as_str(),
-                            "chunk content differs from its hash",
+                            "blob content differs from its hash",
                         ));
                     }
-                    Ok(data)
+                    f.slices
+                        .into_iter()
+                        .map(|(off, len)| {
+                            let end = off.checked_add(len).filter(|e| *e <= data.len() as u64);
+                            match end {
+                                Some(end) => Ok(data.slice(off as usize..end as usize)),
+                                None => Err(Error::unsafe_archive(
+                                    key.as_str(),
+                                    "slice outside its bundle",
+                                )),
+                            }
+                        })
+                        .collect::<Result<Vec<Bytes>>>()
                 }
             })
             .buffered(concurrency);
-        let mut fetches = std::pin::pin!(fetches);
-        while let Some(r) = fetches.next().await {
-            let stop = r.is_err();
-            if tx.send(r).await.is_err() || stop {
-                break;
+        let mut fetched = std::pin::pin!(fetched);
+        while let Some(r) = fetched.next().await {
+            let pieces = match r {
+                Ok(p) => p,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            for piece in pieces {
+                if tx.send(Ok(piece)).await.is_err() {
+                    return;
+                }
             }
         }
     });
@@ -238,24 +416,15 @@ pub(super) fn restore_stream(spec: &SnapshotSpec, manifest: Arc<Manifest>) -> By
                     }
                     h.set_entry_type(tar::EntryType::Regular);
                     h.set_size(e.size);
-                    let mut reader = ChunkReader {
+                    let mut reader = PieceReader {
                         rx: &mut rx,
                         left: e.chunks.len(),
                         current: Bytes::new(),
-                        hasher: blake3::Hasher::new(),
                         error: None,
                     };
                     let r = tar.append_data(&mut h, e.path.as_str(), &mut reader);
                     if let Some(err) = reader.error.take() {
                         return Err(err);
-                    }
-                    if r.is_ok()
-                        && Some(reader.hasher.finalize().to_hex().as_str()) != e.hash.as_deref()
-                    {
-                        return Err(Error::unsafe_archive(
-                            e.path.as_str(),
-                            "content hash differs from the manifest",
-                        ));
                     }
                     r
                 }
@@ -269,16 +438,17 @@ pub(super) fn restore_stream(spec: &SnapshotSpec, manifest: Arc<Manifest>) -> By
     archive::sanitize(assembled, spec.policy)
 }
 
-/// Reads one file's chunks off the fetch channel.
-struct ChunkReader<'a> {
+/// Reads one file's pieces off the fetch channel. Every piece comes from a blob verified
+/// against its hash, in the order the (digest-verified) manifest lists them, so the file is
+/// what the manifest says without hashing it again.
+struct PieceReader<'a> {
     rx: &'a mut mpsc::Receiver<Result<Bytes>>,
     left: usize,
     current: Bytes,
-    hasher: blake3::Hasher,
     error: Option<Error>,
 }
 
-impl Read for ChunkReader<'_> {
+impl Read for PieceReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.current.is_empty() {
             if self.left == 0 {
@@ -287,7 +457,6 @@ impl Read for ChunkReader<'_> {
             match self.rx.blocking_recv() {
                 Some(Ok(data)) => {
                     self.left -= 1;
-                    self.hasher.update(&data);
                     self.current = data;
                 }
                 Some(Err(e)) => {
@@ -306,10 +475,4 @@ impl Read for ChunkReader<'_> {
         self.current = self.current.slice(n..);
         Ok(n)
     }
-}
-
-fn tokio_stream<T: Send + 'static>(
-    mut rx: mpsc::Receiver<T>,
-) -> impl futures::Stream<Item = T> + Send {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

@@ -163,7 +163,7 @@ pub async fn gc(
                     reason: format!("unreadable manifest, not sweeping chunks: {e}"),
                 })?;
             for entry in &manifest.entries {
-                live.extend(entry.chunks.iter().map(|c| c.0.clone()));
+                live.extend(entry.chunks.iter().map(|c| c.hash.clone()));
             }
         }
     }

@@ -53,13 +53,66 @@ pub struct ArchiveInfo {
     pub key: String,
     /// Size in bytes.
     pub size: u64,
-    /// BLAKE3 of the archive (hex).
-    pub blake3: String,
 }
 
-/// One chunk of a file in the chunked format: BLAKE3 (hex) and length.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChunkRef(pub String, pub u64);
+/// One piece of a file in the chunked format: a whole chunk blob, or a slice of a bundle blob
+/// (small files are packed together into bundles so that a tree of tiny files is not a tree of
+/// tiny blobs). In JSON: `[hash, len]` or `[hash, len, offset]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ChunkRef {
+    /// BLAKE3 (hex) of the blob.
+    pub hash: String,
+    /// Bytes of this piece.
+    pub len: u64,
+    /// Offset in the blob when the blob is a bundle.
+    pub offset: Option<u64>,
+}
+
+impl ChunkRef {
+    /// A whole blob.
+    pub fn whole(hash: String, len: u64) -> Self {
+        ChunkRef {
+            hash,
+            len,
+            offset: None,
+        }
+    }
+
+    /// A slice of a bundle.
+    pub fn slice(hash: String, len: u64, offset: u64) -> Self {
+        ChunkRef {
+            hash,
+            len,
+            offset: Some(offset),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum ChunkRepr {
+    Whole(String, u64),
+    Slice(String, u64, u64),
+}
+
+impl Serialize for ChunkRef {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self.offset {
+            None => ChunkRepr::Whole(self.hash.clone(), self.len),
+            Some(o) => ChunkRepr::Slice(self.hash.clone(), self.len, o),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ChunkRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Ok(match ChunkRepr::deserialize(d)? {
+            ChunkRepr::Whole(hash, len) => ChunkRef::whole(hash, len),
+            ChunkRepr::Slice(hash, len, offset) => ChunkRef::slice(hash, len, offset),
+        })
+    }
+}
 
 /// One entry of a manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -201,9 +254,9 @@ impl Manifest {
                         entry.path
                     )));
                 }
-                if entry.chunks.iter().any(|c| !is_hex_hash(&c.0))
+                if entry.chunks.iter().any(|c| !is_hex_hash(&c.hash))
                     || (!entry.chunks.is_empty()
-                        && entry.chunks.iter().map(|c| c.1).sum::<u64>() != entry.size)
+                        && entry.chunks.iter().map(|c| c.len).sum::<u64>() != entry.size)
                 {
                     return Err(bad(format!(
                         "file `{}` has inconsistent chunks",

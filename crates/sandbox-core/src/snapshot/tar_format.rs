@@ -13,9 +13,11 @@ use crate::backend::{BoxHandle, EntryType, ExportRequest, TreeEntry};
 use crate::error::{Error, Result};
 use crate::path::RelPath;
 use crate::snapshot::BlobKey;
-use crate::stream::ByteStream;
+use crate::stream::{self, ByteStream};
 
-/// Export the whole workspace, re-emit it canonically while hashing each file, and store it.
+/// Export the whole workspace and store the archive as it comes, while a parser on the side
+/// validates it and hashes each file into the manifest. If the parser refuses the archive, the
+/// stored blob is deleted and the snapshot fails.
 pub(super) async fn take(
     handle: &dyn BoxHandle,
     ctx: &TakeContext<'_>,
@@ -26,36 +28,56 @@ pub(super) async fn take(
     let listed: HashMap<RelPath, TreeEntry> =
         live.iter().map(|e| (e.path.clone(), e.clone())).collect();
     let collected = Arc::new(Mutex::new((Vec::new(), 0u64)));
-    let hooks = Collect {
+    let mut hooks = Collect {
         listed,
         excludes: ctx.excludes.clone(),
         entries: collected.clone(),
         files: 0,
     };
-    let canonical = archive::rewrite_stream(exported, ctx.spec.policy, hooks);
-    let hasher = Arc::new(Mutex::new(blake3::Hasher::new()));
-    let h = hasher.clone();
-    let hashed = canonical
-        .inspect(move |chunk| {
-            if let Ok(c) = chunk {
-                h.lock().expect("hasher").update(c);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(32);
+    let policy = ctx.spec.policy;
+    let parser = tokio::task::spawn_blocking(move || {
+        let side: ByteStream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+            .map(Ok)
+            .boxed();
+        let mut reader = stream::blocking_reader(side);
+        let mut counted = CountingRead {
+            inner: &mut reader,
+            n: 0,
+        };
+        archive::inspect(&mut counted, policy, &mut hooks)?;
+        Ok::<_, Error>(counted.n)
+    });
+    let teed = exported
+        .then(move |chunk| {
+            let tx = tx.clone();
+            async move {
+                if let Ok(c) = &chunk {
+                    // A parser that stopped has its error reported below.
+                    let _ = tx.send(c.clone()).await;
+                }
+                chunk
             }
         })
         .boxed();
     let key = archive_key(ctx.namespace, ctx.id)?;
-    let size = ctx.spec.store.put(&key, hashed).await?;
-    let blake3 = hasher
-        .lock()
-        .expect("hasher")
-        .finalize()
-        .to_hex()
-        .to_string();
+    let stored = ctx.spec.store.put(&key, teed).await;
+    let parsed = parser
+        .await
+        .map_err(|e| Error::backend("core", "snapshot", e.to_string()))?;
+    let (size, parsed_size) = match (stored, parsed) {
+        (Ok(size), Ok(parsed_size)) => (size, parsed_size),
+        (stored, parsed) => {
+            let _ = ctx.spec.store.delete(&key).await;
+            return Err(parsed.err().or(stored.err()).expect("one side failed"));
+        }
+    };
+    debug_assert_eq!(size, parsed_size);
     let (mut entries, files) = std::mem::take(&mut *collected.lock().expect("entries"));
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     let info = ArchiveInfo {
         key: key.to_string(),
         size,
-        blake3,
     };
     Ok((
         Manifest {
@@ -65,6 +87,20 @@ pub(super) async fn take(
         size,
         files,
     ))
+}
+
+/// A reader that counts what it reads.
+struct CountingRead<'a, R> {
+    inner: &'a mut R,
+    n: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for CountingRead<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
 }
 
 /// Builds manifest entries from the exported headers (and the listing's precise metadata).
@@ -135,7 +171,8 @@ impl RewriteHooks for Collect {
     }
 }
 
-/// The archive of a tar-format snapshot, checked against its digest and its manifest.
+/// The archive of a tar-format snapshot, checked against its size and, entry by entry,
+/// against its manifest (which pins every file's content hash).
 pub(super) async fn restore_stream(
     spec: &SnapshotSpec,
     manifest: &Arc<Manifest>,
@@ -146,7 +183,7 @@ pub(super) async fn restore_stream(
         })?;
     let key = BlobKey::new(info.key.clone())?;
     let blob = spec.store.get(&key).await?;
-    let verified = verify_digest(blob, info.blake3.clone(), info.size);
+    let verified = verify_size(blob, info.size);
     let hooks = Check {
         expected: manifest.clone(),
         index: None,
@@ -240,22 +277,21 @@ impl RewriteHooks for Check {
     }
 }
 
-/// Pass `stream` through; at its end, fail if its BLAKE3 or size differ from the expected ones.
-pub(super) fn verify_digest(stream: ByteStream, blake3_hex: String, size: u64) -> ByteStream {
-    let mut hasher = Some(blake3::Hasher::new());
+/// Pass `stream` through; fail if it is longer or shorter than `size`.
+pub(super) fn verify_size(stream: ByteStream, size: u64) -> ByteStream {
     let mut seen = 0u64;
+    let mut done = false;
     let mut inner = stream;
     futures::stream::poll_fn(move |cx| {
         use std::task::Poll;
-        let Some(h) = hasher.as_mut() else {
+        if done {
             return Poll::Ready(None);
-        };
+        }
         match inner.poll_next_unpin(cx) {
             Poll::Ready(Some(Ok(chunk))) => {
-                h.update(&chunk);
                 seen += chunk.len() as u64;
                 if seen > size {
-                    hasher = None;
+                    done = true;
                     return Poll::Ready(Some(Err(Error::unsafe_archive(
                         "",
                         format!("archive is longer than the recorded {size} bytes"),
@@ -264,28 +300,18 @@ pub(super) fn verify_digest(stream: ByteStream, blake3_hex: String, size: u64) -
                 Poll::Ready(Some(Ok(chunk)))
             }
             Poll::Ready(Some(Err(e))) => {
-                hasher = None;
+                done = true;
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => {
-                let got = hasher
-                    .take()
-                    .expect("checked above")
-                    .finalize()
-                    .to_hex()
-                    .to_string();
-                if seen != size {
+                done = true;
+                if seen == size {
+                    Poll::Ready(None)
+                } else {
                     Poll::Ready(Some(Err(Error::unsafe_archive(
                         "",
                         format!("archive is truncated: {seen} of {size} bytes"),
                     ))))
-                } else if got != blake3_hex {
-                    Poll::Ready(Some(Err(Error::unsafe_archive(
-                        "",
-                        format!("archive digest {got} differs from the recorded {blake3_hex}"),
-                    ))))
-                } else {
-                    Poll::Ready(None)
                 }
             }
             Poll::Pending => Poll::Pending,
@@ -311,32 +337,12 @@ mod tests {
     use crate::stream;
 
     #[tokio::test]
-    async fn verify_digest_catches_tampering() {
-        let data = bytes::Bytes::from_static(b"archive bytes");
-        let digest = blake3::hash(&data).to_hex().to_string();
-        let ok = stream::collect(
-            verify_digest(stream::once(data.clone()), digest.clone(), 13),
-            100,
-        )
-        .await;
+    async fn verify_size_catches_truncation_and_extension() {
+        let ok = stream::collect(verify_size(stream::once("archive bytes"), 13), 100).await;
         assert!(ok.is_ok());
-        let bad = stream::collect(
-            verify_digest(stream::once("archive bytez"), digest.clone(), 13),
-            100,
-        )
-        .await;
-        assert!(bad.unwrap_err().to_string().contains("digest"));
-        let short = stream::collect(
-            verify_digest(stream::once("archive"), digest.clone(), 13),
-            100,
-        )
-        .await;
+        let short = stream::collect(verify_size(stream::once("archive"), 13), 100).await;
         assert!(short.unwrap_err().to_string().contains("truncated"));
-        let long = stream::collect(
-            verify_digest(stream::once("archive bytes!"), digest, 13),
-            100,
-        )
-        .await;
+        let long = stream::collect(verify_size(stream::once("archive bytes!"), 13), 100).await;
         assert!(long.unwrap_err().to_string().contains("longer"));
     }
 }

@@ -1089,7 +1089,7 @@ pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
         .iter()
         .find(|e| e.path.as_str() == "small.txt")
         .expect("entry");
-    let chunk = crate::snapshot::chunk_key(&small.chunks[0].0).expect("key");
+    let chunk = crate::snapshot::chunk_key(&small.chunks[0].hash).expect("key");
     env.snapshots
         .put(&chunk, stream::once("tampered\n"))
         .await
@@ -1107,6 +1107,115 @@ pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
     .expect("earlier snapshot restores");
 }
 
+/// Retention keeps the newest snapshots per key; GC sweeps chunks only old snapshots used,
+/// never one a kept snapshot needs or one younger than the grace period, and every kept
+/// snapshot still restores afterwards.
+pub async fn retention_and_gc(fx: &dyn Fixture) {
+    let env = Env::new();
+    let spec_of = |env: &Env| {
+        env.snapshot_spec()
+            .format(SnapshotFormat::Chunked)
+            .keep_last(2)
+    };
+    let config = SandboxConfig::new(spec()).snapshots(spec_of(&env));
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::User,
+        config,
+    );
+    let (dave, erin) = (env.ctx().user("dave"), env.ctx().user("erin"));
+    let mut states = Vec::new();
+    for v in 0..3 {
+        let r = call(&m, &dave, |sb| async move {
+            sh(
+                &sb,
+                &format!("head -c 300000 /dev/urandom > data.bin; echo v{v} > v.txt"),
+            )
+            .await;
+        })
+        .await;
+        states.push(r.state_json.expect("state"));
+    }
+    call(&m, &erin, |sb| async move {
+        sh(&sb, "head -c 200000 /dev/urandom > erin.bin").await;
+    })
+    .await;
+    let manifests = env.snapshots.list("snapshots/").await.expect("list");
+    assert_eq!(
+        manifests
+            .iter()
+            .filter(|b| b.key.as_str().ends_with(".manifest"))
+            .count(),
+        3,
+        "dave keeps 2, erin 1"
+    );
+
+    let policy = crate::archive::ArchivePolicy::default();
+    let kept = crate::snapshot::gc(
+        &*env.snapshots,
+        &policy,
+        crate::snapshot::GcOptions::default(),
+    )
+    .await
+    .expect("gc");
+    assert_eq!(
+        kept.chunks_deleted, 0,
+        "everything is inside the default grace period: {kept:?}"
+    );
+    let dry = crate::snapshot::gc(
+        &*env.snapshots,
+        &policy,
+        crate::snapshot::GcOptions::default()
+            .grace(Duration::ZERO)
+            .dry_run(true),
+    )
+    .await
+    .expect("gc");
+    assert!(dry.chunks_deleted > 0, "{dry:?}");
+    let before = env.snapshots.list("chunks/").await.expect("list").len();
+    let swept = crate::snapshot::gc(
+        &*env.snapshots,
+        &policy,
+        crate::snapshot::GcOptions::default()
+            .keep_last(2)
+            .grace(Duration::ZERO),
+    )
+    .await
+    .expect("gc");
+    assert_eq!(
+        swept.chunks_deleted, dry.chunks_deleted,
+        "the dry run predicted the sweep"
+    );
+    assert_eq!(
+        env.snapshots.list("chunks/").await.expect("list").len(),
+        before - swept.chunks_deleted
+    );
+    assert!(swept.chunks_live > 0);
+
+    // Every kept snapshot still restores, verified.
+    call(&m, &dave, |sb| async move {
+        assert_eq!(read(&sb, "v.txt").await.as_deref(), Some("v2\n"));
+    })
+    .await;
+    let second = state_from_json(&states[1]).expect("state");
+    m.call_with(&dave, Acquire::State(second), |sb| async move {
+        assert_eq!(read(&sb, "v.txt").await.as_deref(), Some("v1\n"));
+    })
+    .await
+    .expect("the second snapshot is kept and restores");
+    call(&m, &erin, |sb| async move {
+        assert!(read(&sb, "erin.bin").await.is_some());
+    })
+    .await;
+    // The first was retired: restoring it fails loudly.
+    let first = state_from_json(&states[0]).expect("state");
+    let err = m
+        .call_with(&dave, Acquire::State(first), |_| async {})
+        .await
+        .expect_err("retired");
+    assert!(matches!(err, Error::RestoreIncomplete { .. }), "{err}");
+}
+
 /// Generate one `#[tokio::test]` per conformance scenario for a fixture expression, with
 /// optional extra attributes on each test (e.g. an `#[ignore = "..."]` for tests that need a
 /// service and are run by `cargo xtask test`).
@@ -1119,7 +1228,7 @@ macro_rules! conformance_tests {
             second_replica_restores scope_isolation projection_lifecycle timeout_kills_grandchildren
             exec_basics hostile_snapshot_rejected failed_snapshot_keeps_previous
             bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
-            bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas);
+            bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas retention_and_gc);
     };
     // The attribute list travels as one token tree: expanding `$attr` (one repetition level)
     // inside the repetition over `$name` is refused by macro_rules ("`attr` repeats 0 times,
