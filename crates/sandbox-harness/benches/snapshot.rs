@@ -102,8 +102,7 @@ fn driver(only: Option<&str>) {
                 "snapshot (no change)",
                 format,
                 &d,
-                "target",
-                10.0,
+                ("target", 10.0),
                 if d.unchanged {
                     "unchanged: nothing written"
                 } else {
@@ -119,8 +118,7 @@ fn driver(only: Option<&str>) {
                 "snapshot (3 bytes changed)",
                 format,
                 &c,
-                "target",
-                30.0,
+                ("target", 30.0),
                 &note,
             );
             // Put the byte back for the other format's run.
@@ -179,14 +177,13 @@ impl Bench {
             "tar -cf - -C {} . | sha256sum > /dev/null",
             ws.display()
         ));
-        self.push(workload, "snapshot", format, &took, "tar -cf", tar_c, "");
+        self.push(workload, "snapshot", format, &took, ("tar -cf", tar_c), "");
         self.push(
             workload,
             "snapshot",
             format,
             &took,
-            "tar -c | sha256sum",
-            tar_sha,
+            ("tar -c | sha256sum", tar_sha),
             "",
         );
         let restored = self.child_restore(name, format, &snap);
@@ -205,8 +202,7 @@ impl Bench {
             "restore",
             format,
             &restored,
-            "tar -xf",
-            tar_x,
+            ("tar -xf", tar_x),
             "into an empty box",
         );
         snap
@@ -218,8 +214,7 @@ impl Bench {
         phase: &str,
         format: SnapshotFormat,
         r: &ChildResult,
-        baseline: &str,
-        baseline_ms: f64,
+        (baseline, baseline_ms): (&str, f64),
         note: &str,
     ) {
         self.rows.push(Row {
@@ -380,10 +375,7 @@ fn child(args: &[String]) {
                     .create(CreateRequest::new(&ws_spec, Some(&key)))
                     .await
                     .expect("create");
-                let parent = match args.get(4) {
-                    Some(id) => Some(find_ref(root, &key, id)),
-                    None => None,
-                };
+                let parent = args.get(4).map(|id| find_ref(root, &key, id));
                 let started = Instant::now();
                 let parent = match parent {
                     Some(r) => Some((
