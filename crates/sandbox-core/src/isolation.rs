@@ -82,8 +82,8 @@ impl CallContext {
 /// | agent | `agents/<agent>/shared` |
 /// | global | `global/__global__` |
 ///
-/// Each component is percent-encoded outside `[A-Za-z0-9._@-]` (and a leading `.` is encoded),
-/// so ids with `/` or `..` cannot address another slot.
+/// Each component is percent-encoded outside `[A-Za-z0-9._@-]` (and a leading `.` is encoded;
+/// see [`encode_component`]), so ids with `/` or `..` cannot address another slot.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct IsolationKey {
     scope: IsolationScope,
@@ -100,12 +100,12 @@ impl IsolationKey {
     /// fallback) without a session id. The caller then creates a fresh box and persists
     /// nothing.
     pub fn resolve(scope: IsolationScope, ctx: &CallContext) -> Option<IsolationKey> {
-        let agent = encode(&ctx.agent);
+        let agent = encode_component(&ctx.agent);
         match scope {
             IsolationScope::User => match &ctx.user_id {
                 Some(user) => Some(IsolationKey {
                     scope,
-                    key: format!("agents/{agent}/users/{}", encode(user)),
+                    key: format!("agents/{agent}/users/{}", encode_component(user)),
                 }),
                 None => {
                     tracing::warn!(agent = %ctx.agent, "USER isolation without a user id: falling back to SESSION");
@@ -114,7 +114,7 @@ impl IsolationKey {
             },
             IsolationScope::Session => ctx.session_id.as_ref().map(|session| IsolationKey {
                 scope: IsolationScope::Session,
-                key: format!("agents/{agent}/sessions/{}", encode(session)),
+                key: format!("agents/{agent}/sessions/{}", encode_component(session)),
             }),
             IsolationScope::Agent => Some(IsolationKey {
                 scope,
@@ -157,7 +157,19 @@ impl fmt::Debug for IsolationKey {
     }
 }
 
-fn encode(component: &str) -> String {
+/// Percent-encode one component of a key or directory name, so that no id can address
+/// another slot: every byte outside `[A-Za-z0-9._@-]` becomes `%XX` (upper-case hex), and so
+/// does a leading `.` (no `.`, `..` or hidden names). `%` itself is encoded, so an encoded id
+/// never reads as the encoding of another. The empty string becomes `%00`, which it shares with
+/// a lone NUL byte.
+///
+/// ```
+/// use sandbox_core::encode_component;
+/// assert_eq!(encode_component("alice@example.com"), "alice@example.com");
+/// assert_eq!(encode_component("../bob/x"), "%2E.%2Fbob%2Fx");
+/// assert_eq!(encode_component(""), "%00");
+/// ```
+pub fn encode_component(component: &str) -> String {
     let mut out = String::with_capacity(component.len());
     for (i, b) in component.bytes().enumerate() {
         let plain =

@@ -5,6 +5,7 @@ mod backend;
 mod error;
 mod exec;
 mod guard;
+pub mod host;
 mod isolation;
 mod manager;
 mod path;
@@ -28,7 +29,7 @@ pub use exec::{
     read_capped,
 };
 pub use guard::{InProcessGuard, Lease, LeaseHandle, NoopGuard, SandboxExecutionGuard};
-pub use isolation::{CallContext, GLOBAL_KEY, IsolationKey, IsolationScope};
+pub use isolation::{CallContext, GLOBAL_KEY, IsolationKey, IsolationScope, encode_component};
 pub use manager::{
     Acquire, AcquiredFrom, ActiveCall, CallReport, Called, SandboxManager, SandboxManagerBuilder,
 };

@@ -1,38 +1,25 @@
-//! Running one command in a box: a new process group, a rebuilt environment, output read
-//! concurrently with the wait, and a timeout that kills the whole group.
+//! Running one command in a box: the argv, the working directory and the environment a box
+//! gives it; `sandbox_core::host::run` runs it (own process group, output read concurrently,
+//! a timeout that kills the whole group).
 
-use std::future::Future;
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::process::Stdio;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::errno::Errno;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
-use sandbox_core::{
-    Captured, CapturedOutput, Command, Error, ExecRequest, ExecResult, RelPath, Result, read_capped,
-};
-use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
-use tokio::sync::oneshot;
+use sandbox_core::host::{self, HostCommand};
+use sandbox_core::{Command, Error, ExecRequest, ExecResult, RelPath, Result};
 use tracing::Instrument as _;
 
 use crate::BACKEND;
 use crate::fsutil::{self, BindLink};
-use crate::options::{EnvPolicy, LocalOptions, MINIMAL_LANG, MINIMAL_PATH};
-
-/// How long output pipes may stay open after the command's process group is gone. Only a
-/// process that left the group (`setsid`, `setpgid`) can hold them that long; its later output
-/// is not waited for.
-const READER_GRACE: Duration = Duration::from_secs(1);
+use crate::options::{EnvPolicy, LocalOptions};
 
 /// What a box contributes to every exec.
 pub(crate) struct ExecContext<'a> {
     pub options: &'a LocalOptions,
     pub workspace: &'a Path,
-    pub spec_env: &'a std::collections::BTreeMap<String, String>,
+    pub spec_env: &'a BTreeMap<String, String>,
     pub links: &'a [BindLink],
 }
 
@@ -55,9 +42,9 @@ pub(crate) async fn run(cx: ExecContext<'_>, request: ExecRequest) -> Result<Exe
     if argv.is_empty() {
         return Err(Error::invalid("command", "the argument vector is empty"));
     }
-    check_env(&request.env)?;
-    check_env(cx.spec_env)?;
-    check_env(&cx.options.extra_env)?;
+    host::check_env(&request.env)?;
+    host::check_env(cx.spec_env)?;
+    host::check_env(&cx.options.extra_env)?;
     let cwd = resolve_cwd(&cx, request.cwd.as_deref()).await?;
     // Env values may be secrets and command lines may embed them: only the kind, the program
     // and where it runs are logged.
@@ -68,239 +55,34 @@ pub(crate) async fn run(cx: ExecContext<'_>, request: ExecRequest) -> Result<Exe
         cwd = %cwd.display(),
         timeout_ms = timeout.as_millis() as u64,
     );
-    spawn_and_collect(&cx, request, argv, cwd, timeout)
+    host::run(host_command(&cx, request, argv, cwd, timeout), BACKEND)
         .instrument(span)
         .await
 }
 
-async fn spawn_and_collect(
+/// The command for `sandbox_core::host::run`: argv and cwd as resolved, environment layered
+/// lowest priority first: the policy's base, the spec's, the options' extra, the request's.
+fn host_command(
     cx: &ExecContext<'_>,
     request: ExecRequest,
     argv: Vec<String>,
     cwd: PathBuf,
     timeout: Duration,
-) -> Result<ExecResult> {
-    let mut cmd = tokio::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .current_dir(&cwd)
-        // Its own process group, so that a timeout can kill everything the command started.
-        .process_group(0)
-        .stdin(if request.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    apply_env(&mut cmd, cx, &request);
-
-    let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| Error::Backend {
-        backend: BACKEND,
-        operation: "exec",
-        message: format!("cannot start `{}`: {e}", argv[0]),
-        source: Some(Box::new(e)),
-    })?;
-    // The group id is the leader's pid (process_group(0)).
-    let mut group = GroupKiller(child.id().map(|id| Pid::from_raw(id as i32)));
-
-    let stdin_task = match (request.stdin, child.stdin.take()) {
-        (Some(data), Some(mut pipe)) => Some(tokio::spawn(async move {
-            // A command that exits without reading its input closes the pipe: not an error.
-            let _ = pipe.write_all(&data).await;
-            let _ = pipe.shutdown().await;
-        })),
-        _ => None,
+) -> HostCommand {
+    let (base, inherit) = match cx.options.env {
+        EnvPolicy::Minimal => (host::minimal_env(cx.workspace), false),
+        EnvPolicy::Inherit => (BTreeMap::new(), true),
     };
-    let (stop_out, out_task) = spawn_reader(child.stdout.take(), request.limits.stdout);
-    let (stop_err, err_task) = spawn_reader(child.stderr.take(), request.limits.stderr);
-
-    let (exit_code, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
-        Ok(Ok(status)) => {
-            // Background jobs (`cmd &` without setsid) are still in the group: they die with
-            // the command, so none keeps writing to the workspace after exec returns.
-            group.kill();
-            (status.code(), false)
-        }
-        Ok(Err(e)) => {
-            group.kill();
-            return Err(Error::Backend {
-                backend: BACKEND,
-                operation: "exec",
-                message: format!("waiting for `{}` failed: {e}", argv[0]),
-                source: Some(Box::new(e)),
-            });
-        }
-        Err(_) => {
-            group.kill();
-            // The leader too, in case it moved itself to another group.
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            tracing::info!("timed out: process group killed");
-            (None, true)
-        }
-    };
-
-    // Normally the pipes close as soon as the group is dead. A process that escaped the group
-    // can hold them open for ever: after a grace period, stop reading and return what came.
-    let readers = async { (out_task.await, err_task.await) };
-    tokio::pin!(readers);
-    let (out, err) = match tokio::time::timeout(READER_GRACE, &mut readers).await {
-        Ok(done) => done,
-        Err(_) => {
-            tracing::warn!(
-                "output pipes still open after the command ended (a process left its group): \
-                 returning the output read so far"
-            );
-            let _ = stop_out.send(());
-            let _ = stop_err.send(());
-            readers.await
-        }
-    };
-    let duration = started.elapsed();
-    if let Some(task) = stdin_task {
-        task.abort();
-    }
-    let output = CapturedOutput {
-        stdout: reader_result(out)?,
-        stderr: reader_result(err)?,
-    };
-    Ok(ExecResult::new(exit_code, output, timed_out, duration))
-}
-
-type ReaderTask = tokio::task::JoinHandle<io::Result<Captured>>;
-
-fn spawn_reader<R>(pipe: Option<R>, cap: usize) -> (oneshot::Sender<()>, ReaderTask)
-where
-    R: AsyncRead + Unpin + Send + 'static,
-{
-    let (stop, stopped) = oneshot::channel();
-    let task = tokio::spawn(async move {
-        match pipe {
-            Some(pipe) => read_capped(Stoppable::new(pipe, stopped), cap).await,
-            None => Ok(Captured::default()),
-        }
-    });
-    (stop, task)
-}
-
-fn reader_result(
-    r: std::result::Result<io::Result<Captured>, tokio::task::JoinError>,
-) -> Result<Captured> {
-    match r {
-        Ok(Ok(captured)) => Ok(captured),
-        Ok(Err(e)) => Err(Error::Backend {
-            backend: BACKEND,
-            operation: "exec",
-            message: format!("reading the command's output failed: {e}"),
-            source: Some(Box::new(e)),
-        }),
-        Err(e) => Err(Error::backend(
-            BACKEND,
-            "exec",
-            format!("output reader task failed: {e}"),
-        )),
-    }
-}
-
-/// Kills a process group with SIGKILL once, at the latest when dropped (a cancelled exec must
-/// not leave its processes running).
-struct GroupKiller(Option<Pid>);
-
-impl GroupKiller {
-    fn kill(&mut self) {
-        // Once only: after the group is gone its id may eventually name another group. Right
-        // after the leader is reaped it cannot, unless pids wrap around in between.
-        let Some(pgid) = self.0.take() else {
-            return;
-        };
-        match killpg(pgid, Signal::SIGKILL) {
-            Ok(()) | Err(Errno::ESRCH) => {}
-            Err(e) => {
-                tracing::warn!(pgid = pgid.as_raw(), error = %e, "cannot kill the process group")
-            }
-        }
-    }
-}
-
-impl Drop for GroupKiller {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A reader that reports end-of-file once `stop` fires (or its sender is dropped), so that
-/// [`read_capped`] returns what it has without waiting for a writer that never closes.
-struct Stoppable<R> {
-    inner: R,
-    stop: Option<oneshot::Receiver<()>>,
-}
-
-impl<R> Stoppable<R> {
-    fn new(inner: R, stop: oneshot::Receiver<()>) -> Self {
-        Stoppable {
-            inner,
-            stop: Some(stop),
-        }
-    }
-}
-
-impl<R: AsyncRead + Unpin> AsyncRead for Stoppable<R> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        // Checked before reading, so a writer that never pauses cannot starve the stop.
-        match self.stop.as_mut() {
-            Some(stop) => {
-                if Pin::new(stop).poll(cx).is_ready() {
-                    self.stop = None;
-                    return Poll::Ready(Ok(()));
-                }
-            }
-            None => return Poll::Ready(Ok(())),
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-/// Environment, lowest priority first: the policy's base, the spec's, the options' extra, the
-/// request's.
-fn apply_env(cmd: &mut tokio::process::Command, cx: &ExecContext<'_>, request: &ExecRequest) {
-    match cx.options.env {
-        EnvPolicy::Minimal => {
-            cmd.env_clear()
-                .env("PATH", MINIMAL_PATH)
-                .env("HOME", cx.workspace)
-                .env("LANG", MINIMAL_LANG);
-        }
-        EnvPolicy::Inherit => {}
-    }
-    cmd.envs(cx.spec_env)
+    let mut command = HostCommand::new(argv, cwd)
+        .envs(base)
+        .envs(cx.spec_env)
         .envs(&cx.options.extra_env)
-        .envs(&request.env);
-}
-
-/// Names must be non-empty without `=` or NUL, values without NUL (the OS cannot carry them).
-/// Errors name the variable, never its value.
-fn check_env(env: &std::collections::BTreeMap<String, String>) -> Result<()> {
-    for (key, value) in env {
-        if key.is_empty() || key.contains('=') || key.contains('\0') {
-            return Err(Error::invalid(
-                "environment variable",
-                format!("name {key:?} is empty or contains `=` or NUL"),
-            ));
-        }
-        if value.contains('\0') {
-            return Err(Error::invalid(
-                "environment variable",
-                format!("the value of `{key}` contains NUL"),
-            ));
-        }
-    }
-    Ok(())
+        .envs(&request.env)
+        .inherit_env(inherit)
+        .timeout(timeout)
+        .limits(request.limits);
+    command.stdin = request.stdin;
+    command
 }
 
 /// The working directory: the workspace root, a relative path under it, or an absolute path

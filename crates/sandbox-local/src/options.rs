@@ -7,11 +7,9 @@ use std::time::Duration;
 
 use sandbox_core::Persistence;
 
-/// `PATH` of the [`EnvPolicy::Minimal`] environment.
-pub const MINIMAL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// `LANG` of the [`EnvPolicy::Minimal`] environment.
-pub const MINIMAL_LANG: &str = "C.UTF-8";
+/// `PATH` and `LANG` of the [`EnvPolicy::Minimal`] environment (`sandbox_core::host`'s
+/// minimal environment).
+pub use sandbox_core::host::{MINIMAL_LANG, MINIMAL_PATH};
 
 /// The base environment of every command, before the spec's, the options' and the request's
 /// variables are added.

@@ -70,20 +70,12 @@ fn is_user_level(rel: &RelPath) -> bool {
     USER_LEVEL_PREFIXES.contains(&first_component(rel))
 }
 
-/// A user id as a directory name: percent-encoded outside `[A-Za-z0-9._@-]`; a leading `.`
-/// and names that collide with workspace metadata are encoded too.
+/// A user id as a directory name: [`sandbox_core::encode_component`] (percent-encoded outside
+/// `[A-Za-z0-9._@-]`, a leading `.` too), and a name that would collide with workspace metadata
+/// gets its first byte encoded as well.
 fn user_dir_name(user: &str) -> String {
-    let mut out = String::new();
-    for (i, b) in user.bytes().enumerate() {
-        let plain =
-            b.is_ascii_alphanumeric() || matches!(b, b'_' | b'@' | b'-') || (b == b'.' && i > 0);
-        if plain {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    if out.is_empty() || METADATA_PREFIXES.contains(&out.as_str()) {
+    let mut out = sandbox_core::encode_component(user);
+    if METADATA_PREFIXES.contains(&out.as_str()) {
         let first = out.as_bytes().first().copied().unwrap_or(0);
         out = format!("%{first:02X}{}", out.get(1..).unwrap_or(""));
     }
