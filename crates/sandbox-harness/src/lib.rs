@@ -6,6 +6,11 @@ pub use sandbox_core::*;
 #[cfg(feature = "local")]
 pub use sandbox_local as local;
 
+/// The agent filesystem: one interface, agent tools and three modes (feature `fs`, on by
+/// default).
+#[cfg(feature = "fs")]
+pub use sandbox_fs as fs;
+
 /// The `type` tags of the backends this build of the facade links, sorted.
 ///
 /// Naming each backend crate here also keeps its state type linked, so state JSON written by
