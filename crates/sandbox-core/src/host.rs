@@ -451,6 +451,15 @@ mod tests {
         true
     }
 
+    /// A pid the command wrote to `file`.
+    fn read_pid(file: &Path) -> i32 {
+        std::fs::read_to_string(file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
     fn sh(line: &str, cwd: &Path) -> HostCommand {
         HostCommand::new(["sh", "-c", line], cwd).envs(minimal_env(cwd))
     }
@@ -469,11 +478,7 @@ mod tests {
         assert_eq!(r.stdout_str(), "before\n");
         // Killing the group closed the pipes at once: no wait for the reader grace period.
         assert!(r.duration < Duration::from_millis(1400), "{r:?}");
-        let pid: i32 = std::fs::read_to_string(dir.path().join("gc.pid"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let pid = read_pid(&dir.path().join("gc.pid"));
         assert!(
             wait_gone(pid, Duration::from_secs(3)).await,
             "grandchild {pid} still runs"
@@ -514,11 +519,7 @@ mod tests {
         assert_eq!(r.stdout_str(), "main-done\n");
         assert!(r.duration >= READER_GRACE, "{r:?}");
         assert!(started.elapsed() < Duration::from_secs(10), "{r:?}");
-        let pid: i32 = std::fs::read_to_string(dir.path().join("sid.pid"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let pid = read_pid(&dir.path().join("sid.pid"));
         // It left the group, so it survived; clean it up.
         assert!(
             !gone_or_zombie(pid),
