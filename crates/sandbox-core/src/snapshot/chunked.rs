@@ -334,7 +334,7 @@ pub(super) fn restore_stream(spec: &SnapshotSpec, manifest: Arc<Manifest>) -> By
     let store = spec.store.clone();
     let concurrency = spec.concurrency.max(1);
     let fetches = plan_fetches(&manifest);
-    let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(concurrency * 4);
+    let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(concurrency);
     tokio::spawn(async move {
         let fetched = futures::stream::iter(fetches)
             .map(|f| {
