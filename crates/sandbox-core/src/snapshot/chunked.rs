@@ -305,9 +305,15 @@ struct Fetch {
 }
 
 /// Group the manifest's pieces into fetches: consecutive slices of one bundle share a fetch.
-fn plan_fetches(manifest: &Manifest) -> Vec<Fetch> {
+/// Files in `reuse` are read from the box instead.
+fn plan_fetches(manifest: &Manifest, reuse: &HashSet<RelPath>) -> Vec<Fetch> {
     let mut fetches: Vec<Fetch> = Vec::new();
-    for c in manifest.entries.iter().flat_map(|e| e.chunks.iter()) {
+    let pieces = manifest
+        .entries
+        .iter()
+        .filter(|e| !reuse.contains(&e.path))
+        .flat_map(|e| e.chunks.iter());
+    for c in pieces {
         match c.offset {
             None => fetches.push(Fetch {
                 hash: c.hash.clone(),
@@ -329,11 +335,40 @@ fn plan_fetches(manifest: &Manifest) -> Vec<Fetch> {
     fetches
 }
 
+/// Files of the manifest that the box's live workspace already holds with the same kind,
+/// size, mtime and mode: candidates to read from the box instead of fetching their chunks.
+/// Empty when the workspace does not exist (the usual restore) or cannot be listed.
+pub(super) async fn reusable(handle: &dyn BoxHandle, manifest: &Manifest) -> Vec<RelPath> {
+    if !handle.workspace_exists().await.unwrap_or(false) {
+        return Vec::new();
+    }
+    let Ok(live) = handle.list().await else {
+        return Vec::new();
+    };
+    let live: HashMap<&RelPath, &crate::backend::TreeEntry> =
+        live.iter().map(|e| (&e.path, e)).collect();
+    manifest
+        .entries
+        .iter()
+        .filter(|e| e.kind == EntryType::File && e.size > 0)
+        .filter(|e| live.get(&e.path).is_some_and(|l| e.same_metadata(l)))
+        .map(|e| e.path.clone())
+        .collect()
+}
+
 /// Assemble a tar stream from the manifest and verified blobs, validated like any archive.
-pub(super) fn restore_stream(spec: &SnapshotSpec, manifest: Arc<Manifest>) -> ByteStream {
+/// Files in `reuse` come from `live` (the box's own export of exactly those paths, in manifest
+/// order) and are checked against their manifest hash; a mismatch fails the stream, and the
+/// caller retries without reuse.
+pub(super) fn restore_stream(
+    spec: &SnapshotSpec,
+    manifest: Arc<Manifest>,
+    reuse: HashSet<RelPath>,
+    live: Option<ByteStream>,
+) -> ByteStream {
     let store = spec.store.clone();
     let concurrency = spec.concurrency.max(1);
-    let fetches = plan_fetches(&manifest);
+    let fetches = plan_fetches(&manifest, &reuse);
     let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(concurrency);
     tokio::spawn(async move {
         let fetched = futures::stream::iter(fetches)
@@ -387,6 +422,11 @@ pub(super) fn restore_stream(spec: &SnapshotSpec, manifest: Arc<Manifest>) -> By
     });
     let assembled = stream::spawn_writer(8, move |w| {
         let mut tar = tar::Builder::new(w);
+        let mut live_archive = live.map(|s| tar::Archive::new(stream::blocking_reader(s)));
+        let mut live_entries = match live_archive.as_mut() {
+            Some(a) => Some(a.entries().map_err(|e| Error::io("live export", e))?),
+            None => None,
+        };
         for e in &manifest.entries {
             let mut h = tar::Header::new_gnu();
             h.set_mode(e.mode & 0o1777);
@@ -416,6 +456,27 @@ pub(super) fn restore_stream(spec: &SnapshotSpec, manifest: Arc<Manifest>) -> By
                     }
                     h.set_entry_type(tar::EntryType::Regular);
                     h.set_size(e.size);
+                    if reuse.contains(&e.path) {
+                        let entries = live_entries
+                            .as_mut()
+                            .ok_or_else(|| Error::backend("core", "restore", "no live export"))?;
+                        let mut live_file = next_live_file(entries, &e.path, e.size)?;
+                        let mut hashing = HashCheck {
+                            inner: &mut live_file,
+                            hasher: blake3::Hasher::new(),
+                        };
+                        tar.append_data(&mut h, e.path.as_str(), &mut hashing)
+                            .map_err(|err| {
+                                Error::unsafe_archive(e.path.as_str(), err.to_string())
+                            })?;
+                        if Some(hashing.hasher.finalize().to_hex().as_str()) != e.hash.as_deref() {
+                            return Err(Error::unsafe_archive(
+                                e.path.as_str(),
+                                "the live file differs from the snapshot",
+                            ));
+                        }
+                        continue;
+                    }
                     let mut reader = PieceReader {
                         rx: &mut rx,
                         left: e.chunks.len(),
@@ -436,6 +497,47 @@ pub(super) fn restore_stream(spec: &SnapshotSpec, manifest: Arc<Manifest>) -> By
         Ok(())
     });
     archive::sanitize(assembled, spec.policy)
+}
+
+/// The next regular file of the box's live export, which must be `path` with `size` bytes.
+fn next_live_file<'a, R: Read>(
+    entries: &mut tar::Entries<'a, R>,
+    path: &RelPath,
+    size: u64,
+) -> Result<tar::Entry<'a, R>> {
+    for entry in entries.by_ref() {
+        let entry = entry.map_err(|e| Error::io("live export", e))?;
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            continue;
+        }
+        let name = entry.path_bytes();
+        let name = String::from_utf8_lossy(&name);
+        if name.trim_start_matches("./") != path.as_str() || entry.size() != size {
+            return Err(Error::unsafe_archive(
+                path.as_str(),
+                format!("the live export gave `{name}` instead"),
+            ));
+        }
+        return Ok(entry);
+    }
+    Err(Error::unsafe_archive(
+        path.as_str(),
+        "missing from the live export",
+    ))
+}
+
+/// Hashes what passes through.
+struct HashCheck<'a, R> {
+    inner: &'a mut R,
+    hasher: blake3::Hasher,
+}
+
+impl<R: Read> Read for HashCheck<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 /// Reads one file's pieces off the fetch channel. Every piece comes from a blob verified

@@ -379,9 +379,53 @@ pub async fn restore(
     let manifest = load_manifest(spec, snapshot)
         .await
         .map_err(|e| incomplete("cannot read the manifest", e))?;
+    if snapshot.format == SnapshotFormat::Chunked {
+        // Files the live workspace already has are read from the box, not fetched.
+        let reuse = chunked::reusable(handle, &manifest).await;
+        if !reuse.is_empty() {
+            let request = crate::backend::ExportRequest {
+                paths: Some(reuse.clone()),
+                ..Default::default()
+            };
+            let attempt = match handle.export(&request).await {
+                Ok(live) => {
+                    let archive = chunked::restore_stream(
+                        spec,
+                        manifest.clone(),
+                        reuse.iter().cloned().collect(),
+                        Some(live),
+                    );
+                    handle
+                        .import(
+                            archive,
+                            crate::backend::ImportMode::Replace { keep: keep.clone() },
+                        )
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match attempt {
+                Ok(()) => {
+                    tracing::info!(
+                        reused = reuse.len(),
+                        "restored, reading unchanged files from the live workspace"
+                    );
+                    return Ok(manifest);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "restore reusing live files failed; fetching everything")
+                }
+            }
+        }
+    }
     let archive = match snapshot.format {
         SnapshotFormat::Tar => tar_format::restore_stream(spec, &manifest).await,
-        SnapshotFormat::Chunked => Ok(chunked::restore_stream(spec, manifest.clone())),
+        SnapshotFormat::Chunked => Ok(chunked::restore_stream(
+            spec,
+            manifest.clone(),
+            Default::default(),
+            None,
+        )),
     }
     .map_err(|e| incomplete("cannot read the archive", e))?;
     handle

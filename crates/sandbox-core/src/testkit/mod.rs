@@ -1107,6 +1107,70 @@ pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
     .expect("earlier snapshot restores");
 }
 
+/// Restoring a chunked snapshot into a box whose workspace still holds some of its files reads
+/// those from the box (verified by hash) and fetches only the other chunks.
+pub async fn chunked_restore_reuses_live_files(fx: &dyn Fixture) {
+    let env = Env::new();
+    let counting = Arc::new(FailingStore::new(env.snapshots.clone()));
+    let config = SandboxConfig::new(spec())
+        .snapshots(SnapshotSpec::new(counting.clone()).format(SnapshotFormat::Chunked));
+    let m = env.manager(
+        fx.client(Persistence::Keep).await,
+        IsolationScope::Session,
+        config,
+    );
+    let ctx = env.ctx().session("reuse");
+    let first = m
+        .call(&ctx, |sb| async move {
+            sh(&sb, "i=0; while [ $i -lt 4 ]; do head -c 524288 /dev/urandom > big$i.bin; i=$((i+1)); done; cksum big0.bin").await
+        })
+        .await
+        .expect("call");
+    let original = first.value;
+    call(&m, &ctx, |sb| async move {
+        sh(&sb, "head -c 524288 /dev/urandom > big0.bin").await;
+    })
+    .await;
+    let mut checkpoint =
+        state_from_json(first.report.state_json.as_deref().expect("state")).expect("state");
+    let snap = checkpoint.common().snapshot.clone().expect("snapshot");
+    let manifest = crate::snapshot::load_manifest(&SnapshotSpec::new(counting.clone()), &snap)
+        .await
+        .expect("manifest");
+    let total_chunks: usize = manifest.entries.iter().map(|e| e.chunks.len()).sum();
+    let big0_chunks = manifest
+        .entries
+        .iter()
+        .find(|e| e.path.as_str() == "big0.bin")
+        .expect("big0")
+        .chunks
+        .len();
+    // Never ready: branch C restores the checkpoint into the kept box, whose big1..3 are unchanged.
+    checkpoint.common_mut().workspace_root_ready = false;
+    let before = counting.chunk_gets();
+    let r = m
+        .call_with(&ctx, Acquire::State(checkpoint), |sb| async move {
+            sh(&sb, "cksum big0.bin").await
+        })
+        .await
+        .expect("restore");
+    assert_eq!(
+        r.value, original,
+        "big0.bin is back to the checkpoint's content"
+    );
+    assert_eq!(branch(&r.report), StartBranch::RestoreAll);
+    let fetched = (counting.chunk_gets() - before) as usize;
+    assert!(
+        fetched > 0 && fetched < total_chunks,
+        "fetched {fetched} of {total_chunks} chunks"
+    );
+    assert!(
+        fetched <= big0_chunks + 2,
+        "only big0's chunks (and small-file bundles) are fetched: {fetched}"
+    );
+    cleanup(&m, &ctx).await;
+}
+
 /// Retention keeps the newest snapshots per key; GC sweeps chunks only old snapshots used,
 /// never one a kept snapshot needs or one younger than the grace period, and every kept
 /// snapshot still restores afterwards.
@@ -1228,7 +1292,7 @@ macro_rules! conformance_tests {
             second_replica_restores scope_isolation projection_lifecycle timeout_kills_grandchildren
             exec_basics hostile_snapshot_rejected failed_snapshot_keeps_previous
             bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
-            bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas retention_and_gc);
+            bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas retention_and_gc chunked_restore_reuses_live_files);
     };
     // The attribute list travels as one token tree: expanding `$attr` (one repetition level)
     // inside the repetition over `$name` is refused by macro_rules ("`attr` repeats 0 times,

@@ -11,11 +11,12 @@ use crate::snapshot::{BlobKey, BlobMeta, SnapshotStore};
 use crate::stream::ByteStream;
 
 /// Wraps a store; after [`fail_after`](Self::fail_after), every `put` reads that many bytes of
-/// its input and then fails as if the service went away mid-upload.
+/// its input and then fails as if the service went away mid-upload. Counts chunk reads.
 #[derive(Debug)]
 pub struct FailingStore {
     inner: Arc<dyn SnapshotStore>,
     budget: Arc<AtomicU64>,
+    chunk_gets: AtomicU64,
 }
 
 impl FailingStore {
@@ -24,12 +25,18 @@ impl FailingStore {
         FailingStore {
             inner,
             budget: Arc::new(AtomicU64::new(u64::MAX)),
+            chunk_gets: AtomicU64::new(0),
         }
     }
 
     /// Fail every upload after `bytes` bytes.
     pub fn fail_after(&self, bytes: u64) {
         self.budget.store(bytes, Ordering::SeqCst);
+    }
+
+    /// How many chunk blobs were read so far.
+    pub fn chunk_gets(&self) -> u64 {
+        self.chunk_gets.load(Ordering::SeqCst)
     }
 
     /// Stop failing.
@@ -65,6 +72,9 @@ impl SnapshotStore for FailingStore {
     }
 
     async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
+        if key.as_str().starts_with("chunks/") {
+            self.chunk_gets.fetch_add(1, Ordering::SeqCst);
+        }
         self.inner.get(key).await
     }
 
