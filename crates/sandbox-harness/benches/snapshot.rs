@@ -59,6 +59,8 @@ struct ChildResult {
     peak_rss_kib: u64,
     unchanged: bool,
     files_hashed: u64,
+    /// Bytes of the manifest among `bytes_written`.
+    manifest_bytes: u64,
     snapshot: Option<String>,
 }
 
@@ -112,7 +114,12 @@ fn driver(only: Option<&str>) {
             // C: three bytes changed in one file.
             poke(&ws.join("f0042.bin"), 500_000, b"abc");
             let c = b.child_take("b", format, Some(&snap));
-            let note = format!("{} file(s) re-read", c.files_hashed);
+            let note = format!(
+                "{} file(s) re-read; data {} B + manifest {} B",
+                c.files_hashed,
+                c.bytes_written - c.manifest_bytes,
+                c.manifest_bytes
+            );
             b.push(
                 "C",
                 "snapshot (3 bytes changed)",
@@ -131,6 +138,9 @@ fn driver(only: Option<&str>) {
         for format in [SnapshotFormat::Tar, SnapshotFormat::Chunked] {
             b.full_cycle("E", "e", format);
         }
+    }
+    if only.is_none() {
+        b.gc();
     }
     b.report();
     let _ = std::fs::remove_dir_all(&b.root);
@@ -283,6 +293,48 @@ impl Bench {
         }
     }
 
+    /// Mark-and-sweep over the chunked store all workloads wrote: retention down to one
+    /// snapshot per namespace, then every unreferenced chunk swept (grace 0).
+    fn gc(&mut self) {
+        let store = LocalDirSnapshotStore::new(self.root.join("store-chunked"));
+        let rt = runtime();
+        let started = Instant::now();
+        let report = rt
+            .block_on(snapshot::gc(
+                &store,
+                &sandbox_harness::archive::ArchivePolicy::default(),
+                snapshot::GcOptions::default()
+                    .keep_last(1)
+                    .grace(Duration::ZERO),
+            ))
+            .expect("gc");
+        let gc_ms = ms(started.elapsed());
+        let note = format!(
+            "{} snapshots retired, {} chunks swept ({} B), {} live",
+            report.snapshots_deleted,
+            report.chunks_deleted,
+            report.chunk_bytes_freed,
+            report.chunks_live
+        );
+        let r = ChildResult {
+            ms: gc_ms,
+            bytes_written: 0,
+            peak_rss_kib: 0,
+            unchanged: false,
+            files_hashed: 0,
+            manifest_bytes: 0,
+            snapshot: None,
+        };
+        self.push(
+            "*",
+            "gc (mark + sweep)",
+            SnapshotFormat::Chunked,
+            &r,
+            ("-", f64::NAN),
+            &note,
+        );
+    }
+
     fn report(&self) {
         println!(
             "{:<3} {:<27} {:<8} {:>10} {:<20} {:>10} {:>7} {:>12} {:>9}  note",
@@ -396,6 +448,11 @@ fn child(args: &[String]) {
                     peak_rss_kib: 0,
                     unchanged: out.unchanged,
                     files_hashed: out.files_hashed,
+                    manifest_bytes: if out.unchanged {
+                        0
+                    } else {
+                        out.snapshot.manifest_size
+                    },
                     snapshot: Some(out.snapshot.id),
                 }
             }
@@ -425,6 +482,7 @@ fn child(args: &[String]) {
                     peak_rss_kib: 0,
                     unchanged: false,
                     files_hashed: 0,
+                    manifest_bytes: 0,
                     snapshot: None,
                 }
             }
