@@ -36,8 +36,14 @@ pub fn once(bytes: impl Into<Bytes>) -> ByteStream {
 }
 
 /// Drain a stream into memory. Only for payloads known to be small (single files, manifests).
-pub async fn collect(mut stream: ByteStream, limit: usize) -> Result<Bytes> {
-    let mut buf = bytes::BytesMut::new();
+pub async fn collect(stream: ByteStream, limit: usize) -> Result<Bytes> {
+    collect_sized(stream, 0, limit).await
+}
+
+/// [`collect`] into a buffer sized for `expected` bytes up front (no regrowth for payloads of
+/// a known size).
+pub async fn collect_sized(mut stream: ByteStream, expected: usize, limit: usize) -> Result<Bytes> {
+    let mut buf = bytes::BytesMut::with_capacity(expected.min(limit));
     while let Some(chunk) = stream.next().await {
         let chunk = chunk?;
         if buf.len() + chunk.len() > limit {

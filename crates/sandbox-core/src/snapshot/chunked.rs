@@ -379,7 +379,12 @@ pub(super) fn restore_stream(
                     let limit = f
                         .whole_len
                         .map_or(MAX_BUNDLE, |l| usize::try_from(l).unwrap_or(usize::MAX));
-                    let data = stream::collect(store.get(&key).await?, limit).await?;
+                    let data = stream::collect_sized(
+                        store.get(&key).await?,
+                        f.whole_len.map_or(1 << 20, |l| l as usize),
+                        limit,
+                    )
+                    .await?;
                     if f.whole_len.is_some_and(|l| data.len() as u64 != l)
                         || blake3::hash(&data).to_hex().as_str() != f.hash
                     {
