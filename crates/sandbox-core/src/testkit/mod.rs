@@ -957,14 +957,17 @@ macro_rules! conformance_tests {
             bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
             bind_mounts_are_not_archived);
     };
-    (@each [$fixture:expr] [$(#[$attr:meta])*] $($name:ident)*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            $(#[$attr])*
-            async fn $name() {
-                let fixture = $fixture;
-                $crate::testkit::$name(&fixture).await;
-            }
-        )*
+    // The attributes travel as one token tree: a repetition of them cannot be nested inside
+    // the repetition over names.
+    (@each [$fixture:expr] $attrs:tt $($name:ident)*) => {
+        $( $crate::conformance_tests!(@one [$fixture] $attrs $name); )*
+    };
+    (@one [$fixture:expr] [$(#[$attr:meta])*] $name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        $(#[$attr])*
+        async fn $name() {
+            let fixture = $fixture;
+            $crate::testkit::$name(&fixture).await;
+        }
     };
 }
