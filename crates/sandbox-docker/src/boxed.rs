@@ -1,6 +1,6 @@
 //! [`DockerBox`]: one container's primitives.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -243,64 +243,64 @@ impl DockerBox {
         self.config.binds.iter().map(|(p, _, _)| p.clone()).collect()
     }
 
-    /// An entry check for `Merge` imports: no entry may be written through a symlink that is
-    /// already in the live workspace (the engine's extraction would follow it). Each ancestor
-    /// directory is checked once with the engine's path stat (no exec).
-    fn ancestor_check(&self) -> tarfix::EntryCheck {
-        let shared = self.shared.clone();
-        let target = self.target();
-        let root = self.config.root.clone();
-        let rt = tokio::runtime::Handle::current();
-        let mut verified: HashSet<String> = HashSet::new();
-        Box::new(move |path: &RelPath, _is_dir: bool| {
-            let mut ancestors = Vec::new();
-            let mut p = path.parent();
-            while let Some(a) = p {
-                p = a.parent();
-                ancestors.push(a);
+    /// Refuse to write through a symlink that is already in the live workspace: the engine's
+    /// extraction would follow it. `ancestors` are the directories entries go into that the
+    /// archive does not create itself first; each is checked with the engine's path stat
+    /// (no exec). The checks run before the upload starts: the engine holds the container's
+    /// lock while it extracts, so a stat during the upload would wait for the upload.
+    async fn check_ancestors(&self, ancestors: &BTreeSet<RelPath>) -> Result<()> {
+        let mut missing: Vec<RelPath> = Vec::new();
+        for a in ancestors {
+            if missing.iter().any(|m| a.starts_with(m)) {
+                continue; // the engine creates it as a real directory
             }
-            for a in ancestors.into_iter().rev() {
-                if verified.contains(a.as_str()) {
-                    continue;
+            match self.stat(&a.to_box(&self.config.root)).await? {
+                None => missing.push(a.clone()),
+                Some(m) if m & GO_MODE_SYMLINK != 0 => {
+                    return Err(Error::unsafe_archive(
+                        a.as_str(),
+                        format!("would write through the symlink `{a}` in the workspace"),
+                    ));
                 }
-                let boxed = a.to_box(&root);
-                let mode = rt.block_on(async {
-                    let docker = shared.docker().await?;
-                    let options = ContainerArchiveInfoOptionsBuilder::default().path(&boxed).build();
-                    match docker.get_container_archive_info(&target, Some(options)).await {
-                        Ok(s) => Ok(Some(s.file_mode)),
-                        Err(e) if crate::engine::status(&e) == Some(404) => Ok(None),
-                        Err(e) => Err(shared.engine.err("stat", "path", &boxed, e)),
-                    }
-                })?;
-                match mode {
-                    // Missing: the engine creates it as a real directory.
-                    None => break,
-                    Some(m) if m & GO_MODE_SYMLINK != 0 => {
-                        return Err(Error::unsafe_archive(
-                            path.as_str(),
-                            format!("would write through the symlink `{a}` in the workspace"),
-                        ));
-                    }
-                    Some(m) if m & GO_MODE_DIR == 0 => {
-                        return Err(Error::unsafe_archive(
-                            path.as_str(),
-                            format!("`{a}` is not a directory"),
-                        ));
-                    }
-                    Some(_) => {
-                        verified.insert(a.as_str().to_owned());
-                    }
+                Some(m) if m & GO_MODE_DIR == 0 => {
+                    return Err(Error::unsafe_archive(
+                        a.as_str(),
+                        format!("`{a}` is not a directory"),
+                    ));
                 }
+                Some(_) => {}
             }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
     async fn merge(&self, archive: ByteStream) -> Result<()> {
         self.ensure_root().await?;
-        let checked = tarfix::filter_import(archive, Vec::new(), Some(self.ancestor_check()));
-        self.upload(&self.config.root, checked).await
+        // Spool the archive (to an anonymous temporary file, not memory) while noting which
+        // live directories its entries go through, check those, then upload.
+        let pending = Arc::new(Mutex::new(BTreeSet::new()));
+        let check: tarfix::EntryCheck = {
+            let pending = pending.clone();
+            let mut dirs: HashSet<RelPath> = HashSet::new();
+            Box::new(move |path: &RelPath, is_dir: bool| {
+                let mut p = path.parent();
+                while let Some(a) = p {
+                    p = a.parent();
+                    if !dirs.contains(&a) {
+                        pending.lock().expect("pending").insert(a);
+                    }
+                }
+                if is_dir {
+                    dirs.insert(path.clone());
+                }
+                Ok(())
+            })
+        };
+        let filtered = tarfix::filter_import(archive, Vec::new(), Some(check));
+        let spooled = tarfix::spool(filtered).await?;
+        let ancestors = std::mem::take(&mut *pending.lock().expect("pending"));
+        self.check_ancestors(&ancestors).await?;
+        self.upload(&self.config.root, spooled).await
     }
 
     async fn replace(&self, archive: ByteStream, keep: Vec<RelPath>) -> Result<()> {
@@ -761,7 +761,15 @@ impl BoxHandle for DockerBox {
 
     async fn write_file(&self, path: &RelPath, data: Bytes, mode: u32) -> Result<()> {
         let tar = tarfix::file_tar(path, &data, mode)?;
-        self.merge(stream::once(tar)).await
+        self.ensure_root().await?;
+        let mut ancestors = BTreeSet::new();
+        let mut p = path.parent();
+        while let Some(a) = p {
+            p = a.parent();
+            ancestors.insert(a);
+        }
+        self.check_ancestors(&ancestors).await?;
+        self.upload(&self.config.root, stream::once(tar)).await
     }
 
     async fn remove(&self, paths: &[RelPath]) -> Result<()> {

@@ -320,3 +320,25 @@ mod tests {
         assert!(rename("workspace/../etc", None).is_err());
     }
 }
+
+/// Drain `input` into an anonymous temporary file and stream it back.
+pub(crate) async fn spool(input: ByteStream) -> Result<ByteStream> {
+    use futures::StreamExt;
+    use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+    let file = tokio::task::spawn_blocking(tempfile::tempfile)
+        .await
+        .map_err(|e| Error::backend(crate::BACKEND, "spool", e.to_string()))?
+        .map_err(|e| Error::io("temporary file", e))?;
+    let mut file = tokio::fs::File::from_std(file);
+    let mut input = input;
+    while let Some(chunk) = input.next().await {
+        file.write_all(&chunk?)
+            .await
+            .map_err(|e| Error::io("temporary file", e))?;
+    }
+    file.flush().await.map_err(|e| Error::io("temporary file", e))?;
+    file.seek(std::io::SeekFrom::Start(0))
+        .await
+        .map_err(|e| Error::io("temporary file", e))?;
+    Ok(stream::from_reader(file))
+}
