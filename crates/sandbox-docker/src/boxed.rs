@@ -131,7 +131,12 @@ impl DockerBox {
     }
 
     /// Run one of the backend's own scripts with `sh -c`.
-    async fn script(&self, script: &str, args: Vec<String>, user: Option<String>) -> Result<ExecResult> {
+    async fn script(
+        &self,
+        script: &str,
+        args: Vec<String>,
+        user: Option<String>,
+    ) -> Result<ExecResult> {
         let mut argv = vec![
             "sh".to_owned(),
             "-c".to_owned(),
@@ -157,7 +162,12 @@ impl DockerBox {
         .await
     }
 
-    async fn script_ok(&self, what: &'static str, script: &str, args: Vec<String>) -> Result<ExecResult> {
+    async fn script_ok(
+        &self,
+        what: &'static str,
+        script: &str,
+        args: Vec<String>,
+    ) -> Result<ExecResult> {
         let r = self.script(script, args, self.user()).await?;
         if r.success() {
             Ok(r)
@@ -177,8 +187,13 @@ impl DockerBox {
     /// The engine's stat of an in-box path: `None` if missing, else its Go file mode.
     async fn stat(&self, path: &str) -> Result<Option<u32>> {
         let docker = self.shared.docker().await?;
-        let options = ContainerArchiveInfoOptionsBuilder::default().path(path).build();
-        match docker.get_container_archive_info(&self.target(), Some(options)).await {
+        let options = ContainerArchiveInfoOptionsBuilder::default()
+            .path(path)
+            .build();
+        match docker
+            .get_container_archive_info(&self.target(), Some(options))
+            .await
+        {
             Ok(s) => Ok(Some(s.file_mode)),
             Err(e) if crate::engine::status(&e) == Some(404) => Ok(None),
             Err(e) => Err(self.shared.engine.err("stat", "path", path, e)),
@@ -233,14 +248,23 @@ impl DockerBox {
         if self.stat(&self.config.root).await?.is_some() {
             return Ok(());
         }
-        let parts: Vec<&str> = self.config.root.split('/').filter(|p| !p.is_empty()).collect();
+        let parts: Vec<&str> = self
+            .config
+            .root
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .collect();
         let dirs: Vec<String> = (1..=parts.len()).map(|i| parts[..i].join("/")).collect();
         let tar = tarfix::dirs_tar(&dirs, 0o755)?;
         self.upload("/", stream::once(tar)).await
     }
 
     fn keep_paths(&self) -> Vec<RelPath> {
-        self.config.binds.iter().map(|(p, _, _)| p.clone()).collect()
+        self.config
+            .binds
+            .iter()
+            .map(|(p, _, _)| p.clone())
+            .collect()
     }
 
     /// Refuse to write through a symlink that is already in the live workspace: the engine's
@@ -308,7 +332,10 @@ impl DockerBox {
         keep.extend(self.keep_paths());
         for k in &keep {
             if k.as_str().contains('\n') {
-                return Err(Error::invalid("keep path", format!("`{k}` contains a newline")));
+                return Err(Error::invalid(
+                    "keep path",
+                    format!("`{k}` contains a newline"),
+                ));
             }
         }
         self.ensure_root().await?;
@@ -332,8 +359,11 @@ impl DockerBox {
         }
         let stage = format!("{STAGE_PREFIX}{}", uuid::Uuid::new_v4().simple());
         let stage_dir = format!("{}/{stage}", self.config.root.trim_end_matches('/'));
-        self.upload(&self.config.root, stream::once(tarfix::dirs_tar(&[stage.clone()], 0o700)?))
-            .await?;
+        self.upload(
+            &self.config.root,
+            stream::once(tarfix::dirs_tar(&[stage.clone()], 0o700)?),
+        )
+        .await?;
         if let Err(e) = self.upload(&stage_dir, archive).await {
             if let Err(c) = self
                 .script_ok("import", "rm -rf -- \"$1\"", vec![stage_dir.clone()])
@@ -357,11 +387,7 @@ impl DockerBox {
         self.script_ok(
             "import",
             SWAP_SCRIPT,
-            vec![
-                self.config.root.clone(),
-                stage.unwrap_or("").to_owned(),
-                k,
-            ],
+            vec![self.config.root.clone(), stage.unwrap_or("").to_owned(), k],
         )
         .await
         .map(|_| ())
@@ -526,7 +552,12 @@ impl BoxHandle for DockerBox {
             }
             None => {
                 tracing::warn!(container = %name, "container is gone: creating a new one (its workspace must be restored)");
-                (shared.create_container(&self.config).await?, false, false, true)
+                (
+                    shared.create_container(&self.config).await?,
+                    false,
+                    false,
+                    true,
+                )
             }
         };
         {
@@ -590,7 +621,12 @@ impl BoxHandle for DockerBox {
                         Ok(())
                     }
                     Err(e) if matches!(crate::engine::status(&e), Some(304) | Some(404)) => Ok(()),
-                    Err(e) => Err(self.shared.engine.err("stop", "container", &self.config.name, e)),
+                    Err(e) => {
+                        Err(self
+                            .shared
+                            .engine
+                            .err("stop", "container", &self.config.name, e))
+                    }
                 }
             }
         }
@@ -636,7 +672,9 @@ impl BoxHandle for DockerBox {
                 user: self.user(),
                 stdin: request.stdin,
                 limits: request.limits,
-                timeout: request.timeout.unwrap_or(self.shared.options.default_timeout),
+                timeout: request
+                    .timeout
+                    .unwrap_or(self.shared.options.default_timeout),
             },
         )
         .await
@@ -652,7 +690,11 @@ impl BoxHandle for DockerBox {
             )
             .await?;
         if r.stdout_truncated {
-            return Err(Error::backend(BACKEND, "list", "listing larger than 256 MiB"));
+            return Err(Error::backend(
+                BACKEND,
+                "list",
+                "listing larger than 256 MiB",
+            ));
         }
         let mut entries = crate::list::parse(&r.stdout, &token)?;
         entries.retain(|e| {
@@ -677,7 +719,9 @@ impl BoxHandle for DockerBox {
             }
         };
         let download = |path: String| -> ByteStream {
-            let options = DownloadFromContainerOptionsBuilder::default().path(&path).build();
+            let options = DownloadFromContainerOptionsBuilder::default()
+                .path(&path)
+                .build();
             docker
                 .download_from_container(&target, Some(options))
                 .map_err(engine_err(path))
@@ -718,7 +762,10 @@ impl BoxHandle for DockerBox {
         match mode {
             ImportMode::Merge => self.merge(archive).await,
             ImportMode::Replace { keep } => self.replace(archive, keep).await,
-            other => Err(Error::invalid("import mode", format!("{other:?} is not supported"))),
+            other => Err(Error::invalid(
+                "import mode",
+                format!("{other:?} is not supported"),
+            )),
         }
     }
 
@@ -727,18 +774,22 @@ impl BoxHandle for DockerBox {
         let target = self.target();
         let mut boxed = path.to_box(&self.config.root);
         for _ in 0..16 {
-            let options = DownloadFromContainerOptionsBuilder::default().path(&boxed).build();
+            let options = DownloadFromContainerOptionsBuilder::default()
+                .path(&boxed)
+                .build();
             let shared = self.shared.clone();
             let shown = boxed.clone();
             let body: ByteStream = docker
                 .download_from_container(&target, Some(options))
-                .map_err(move |e| match shared.engine.err("read", "file", &shown, e) {
-                    Error::NotFound { .. } => Error::NotFound {
-                        what: "file",
-                        key: shown.clone(),
+                .map_err(
+                    move |e| match shared.engine.err("read", "file", &shown, e) {
+                        Error::NotFound { .. } => Error::NotFound {
+                            what: "file",
+                            key: shown.clone(),
+                        },
+                        other => other,
                     },
-                    other => other,
-                })
+                )
                 .boxed();
             let single = tokio::task::spawn_blocking(move || {
                 tarfix::read_single(stream::blocking_reader(body), READ_LIMIT)
@@ -752,11 +803,17 @@ impl BoxHandle for DockerBox {
                     return Err(Error::invalid("file", format!("`{path}` is a directory")));
                 }
                 Single::Other => {
-                    return Err(Error::invalid("file", format!("`{path}` is not a regular file")));
+                    return Err(Error::invalid(
+                        "file",
+                        format!("`{path}` is not a regular file"),
+                    ));
                 }
             }
         }
-        Err(Error::invalid("file", format!("`{path}`: too many levels of symbolic links")))
+        Err(Error::invalid(
+            "file",
+            format!("`{path}`: too many levels of symbolic links"),
+        ))
     }
 
     async fn write_file(&self, path: &RelPath, data: Bytes, mode: u32) -> Result<()> {
@@ -778,6 +835,8 @@ impl BoxHandle for DockerBox {
         }
         let mut args = vec![self.config.root.clone()];
         args.extend(paths.iter().map(|p| p.as_str().to_owned()));
-        self.script_ok("remove", REMOVE_SCRIPT, args).await.map(|_| ())
+        self.script_ok("remove", REMOVE_SCRIPT, args)
+            .await
+            .map(|_| ())
     }
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bollard::Docker;
 use bollard::models::{
-    ContainerCreateBody, ContainerInspectResponse, ContainerSummary, HostConfig, Mount,
-    MountType, PortBinding, ResourcesUlimits,
+    ContainerCreateBody, ContainerInspectResponse, ContainerSummary, HostConfig, Mount, MountType,
+    PortBinding, ResourcesUlimits,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder,
@@ -16,8 +16,8 @@ use bollard::query_parameters::{
 };
 use futures::StreamExt;
 use sandbox_core::{
-    Capabilities, CommonState, CreateRequest, Error, IsolationKey, Result,
-    SandboxClient, SandboxState, StateStore, WorkspaceSpec, async_trait,
+    Capabilities, CommonState, CreateRequest, Error, IsolationKey, Result, SandboxClient,
+    SandboxState, StateStore, WorkspaceSpec, async_trait,
 };
 
 use crate::BACKEND;
@@ -80,10 +80,7 @@ impl Shared {
             }
             _ => {}
         }
-        self.images
-            .lock()
-            .expect("images")
-            .insert(image.to_owned());
+        self.images.lock().expect("images").insert(image.to_owned());
         Ok(())
     }
 
@@ -121,7 +118,9 @@ impl Shared {
             Some(reason) => Err(Error::Backend {
                 backend: BACKEND,
                 operation: "pull image",
-                message: format!("image `{image}` is not on the engine and cannot be pulled: {reason}"),
+                message: format!(
+                    "image `{image}` is not on the engine and cannot be pulled: {reason}"
+                ),
                 source: None,
             }),
         }
@@ -206,7 +205,11 @@ impl Shared {
         }
         let mut mounts = Vec::new();
         for (rel, host, read_only) in &config.binds {
-            mounts.push(bind(&host.to_string_lossy(), &rel.to_box(&config.root), *read_only));
+            mounts.push(bind(
+                &host.to_string_lossy(),
+                &rel.to_box(&config.root),
+                *read_only,
+            ));
         }
         for m in &config.extra {
             mounts.push(bind(&m.host_path, &m.target, m.read_only));
@@ -216,7 +219,9 @@ impl Shared {
         if o.read_only_rootfs {
             // The workspace and /tmp stay writable on a read-only root.
             volumes = Some(vec![config.root.clone()]);
-            tmpfs.entry("/tmp".into()).or_insert_with(|| "rw,nosuid,nodev".into());
+            tmpfs
+                .entry("/tmp".into())
+                .or_insert_with(|| "rw,nosuid,nodev".into());
         }
         let (exposed, bindings) = if o.exposed_ports.is_empty() {
             (None, None)
@@ -252,8 +257,7 @@ impl Shared {
             security_opt: (!h.security_opt.is_empty()).then(|| h.security_opt.clone()),
             shm_size: h.shm_size,
             extra_hosts: (!h.extra_hosts.is_empty()).then(|| h.extra_hosts.clone()),
-            sysctls: (!h.sysctls.is_empty())
-                .then(|| h.sysctls.clone().into_iter().collect()),
+            sysctls: (!h.sysctls.is_empty()).then(|| h.sysctls.clone().into_iter().collect()),
             ulimits: (!h.ulimits.is_empty()).then(|| {
                 h.ulimits
                     .iter()
@@ -390,7 +394,10 @@ impl DockerClient {
         extra: Option<Vec<ResolvedMount>>,
     ) -> Result<BoxConfig> {
         let o = &self.shared.options;
-        let root = spec.root.clone().unwrap_or_else(|| o.workspace_root.clone());
+        let root = spec
+            .root
+            .clone()
+            .unwrap_or_else(|| o.workspace_root.clone());
         check_root(&root)?;
         for k in spec.env.keys() {
             check_env_name(k)?;
@@ -430,7 +437,10 @@ impl DockerClient {
                 .clone()
                 .unwrap_or_else(|| format!("/mnt/{}", m.env_name.to_ascii_lowercase()));
             check_root(&target)?;
-            if out.iter().any(|o| o.target == target || o.env_name == m.env_name) {
+            if out
+                .iter()
+                .any(|o| o.target == target || o.env_name == m.env_name)
+            {
                 return Err(Error::invalid(
                     "extra mount",
                     format!("`{}` is mounted or announced twice", m.env_name),
@@ -489,7 +499,8 @@ impl DockerClient {
                 && !running
                 && old_enough
                 && let Some(states) = states
-                && let (Some(key), Some(scope)) = (labels.get(labels::KEY), labels.get(labels::SCOPE))
+                && let (Some(key), Some(scope)) =
+                    (labels.get(labels::KEY), labels.get(labels::SCOPE))
             {
                 let key: Option<IsolationKey> =
                     serde_json::from_value(serde_json::json!({"scope": scope, "key": key})).ok();
@@ -502,7 +513,11 @@ impl DockerClient {
                 shared.remove(&id).await?;
                 report.removed.push(GcRemoved {
                     name,
-                    reason: if expired { "expired" } else { "no stored state" },
+                    reason: if expired {
+                        "expired"
+                    } else {
+                        "no stored state"
+                    },
                 });
             } else {
                 report.kept += 1;

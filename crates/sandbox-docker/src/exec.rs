@@ -80,7 +80,11 @@ pub(crate) async fn run(
     {
         StartExecResults::Attached { output, input } => (output, input),
         StartExecResults::Detached => {
-            return Err(Error::backend(BACKEND, "exec", "the engine detached the exec"));
+            return Err(Error::backend(
+                BACKEND,
+                "exec",
+                "the engine detached the exec",
+            ));
         }
     };
     // Feed stdin concurrently with reading output (a command may fill its stdout before it
@@ -167,7 +171,11 @@ async fn exit_code(
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(50));
     }
-    tracing::warn!(container, exec = id, "exec still running after its output ended");
+    tracing::warn!(
+        container,
+        exec = id,
+        "exec still running after its output ended"
+    );
     Ok(None)
 }
 

@@ -139,10 +139,16 @@ mod tests {
         let e = parse(out, "\u{1}tok\u{1}").unwrap();
         assert_eq!(e.len(), 3);
         assert_eq!(e[0].path.as_str(), "dir with space");
-        assert_eq!((e[0].kind, e[0].size, e[0].mode), (EntryType::Dir, 0, 0o755));
+        assert_eq!(
+            (e[0].kind, e[0].size, e[0].mode),
+            (EntryType::Dir, 0, 0o755)
+        );
         assert_eq!(e[0].mtime_ns, 1_796_007_099_973_208_798);
         assert_eq!(e[1].path.as_str(), "dir with space/f\nnl");
-        assert_eq!((e[1].kind, e[1].size, e[1].mode), (EntryType::File, 3, 0o4644));
+        assert_eq!(
+            (e[1].kind, e[1].size, e[1].mode),
+            (EntryType::File, 3, 0o4644)
+        );
         assert_eq!(e[1].mtime_ns, 1_796_007_099_500_000_000);
         assert_eq!(e[2].link_target.as_deref(), Some("d/f"));
         assert_eq!(e[2].inode, Some(14));
@@ -159,7 +165,13 @@ mod tests {
         assert_eq!((e[0].kind, e[0].mode), (EntryType::Dir, 0o755));
         assert_eq!(e[0].mtime_ns, 1_796_007_099_973_208_798);
         assert_eq!(e[1].path.as_str(), "d/f\nx");
-        assert_eq!((e[1].kind, e[1].size, e[1].mtime_ns), (EntryType::File, 3, 1_796_007_099_000_000_001));
-        assert_eq!((e[2].kind, e[2].link_target.as_deref()), (EntryType::Symlink, Some("d/f")));
+        assert_eq!(
+            (e[1].kind, e[1].size, e[1].mtime_ns),
+            (EntryType::File, 3, 1_796_007_099_000_000_001)
+        );
+        assert_eq!(
+            (e[2].kind, e[2].link_target.as_deref()),
+            (EntryType::Symlink, Some("d/f"))
+        );
     }
 }

@@ -429,8 +429,7 @@ impl DockerOptions {
         let ok = !p.is_empty()
             && p.len() <= 40
             && p.as_bytes()[0].is_ascii_alphanumeric()
-            && p
-                .bytes()
+            && p.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
         if !ok {
             return Err(Error::invalid(
@@ -523,17 +522,40 @@ mod tests {
     fn debug_hides_env_values() {
         let o = DockerOptions::new("img").env("TOKEN", "s3cret");
         let shown = format!("{o:?}");
-        assert!(shown.contains("TOKEN") && !shown.contains("s3cret"), "{shown}");
+        assert!(
+            shown.contains("TOKEN") && !shown.contains("s3cret"),
+            "{shown}"
+        );
     }
 
     #[test]
     fn validation() {
         assert!(DockerOptions::new("img").validate().is_ok());
         assert!(DockerOptions::new("").validate().is_err());
-        assert!(DockerOptions::new("i").name_prefix("-x").validate().is_err());
-        assert!(DockerOptions::new("i").name_prefix("a/b").validate().is_err());
-        assert!(DockerOptions::new("i").workspace_root("rel").validate().is_err());
-        assert!(DockerOptions::new("i").workspace_root("/a/../b").validate().is_err());
+        assert!(
+            DockerOptions::new("i")
+                .name_prefix("-x")
+                .validate()
+                .is_err()
+        );
+        assert!(
+            DockerOptions::new("i")
+                .name_prefix("a/b")
+                .validate()
+                .is_err()
+        );
+        assert!(
+            DockerOptions::new("i")
+                .workspace_root("rel")
+                .validate()
+                .is_err()
+        );
+        assert!(
+            DockerOptions::new("i")
+                .workspace_root("/a/../b")
+                .validate()
+                .is_err()
+        );
         assert!(DockerOptions::new("i").cpus(0.0).validate().is_err());
         assert!(DockerOptions::new("i").env("A=B", "x").validate().is_err());
     }

@@ -60,7 +60,10 @@ fn rename_into<R: Read, W: Write>(
         let Some(path) = rename(&raw, prefix)? else {
             continue;
         };
-        if path.components().next().is_some_and(|c| c.starts_with(STAGE_PREFIX))
+        if path
+            .components()
+            .next()
+            .is_some_and(|c| c.starts_with(STAGE_PREFIX))
             || excludes.covers(&path)
         {
             continue;
@@ -316,7 +319,10 @@ mod tests {
         assert_eq!(rename("workspace/a/b", None).unwrap(), Some(p("a/b")));
         assert_eq!(rename("./workspace/a", None).unwrap(), Some(p("a")));
         assert_eq!(rename("x", Some(&p("sub/x"))).unwrap(), Some(p("sub/x")));
-        assert_eq!(rename("x/y/", Some(&p("sub/x"))).unwrap(), Some(p("sub/x/y")));
+        assert_eq!(
+            rename("x/y/", Some(&p("sub/x"))).unwrap(),
+            Some(p("sub/x/y"))
+        );
         assert!(rename("workspace/../etc", None).is_err());
     }
 }
@@ -336,7 +342,9 @@ pub(crate) async fn spool(input: ByteStream) -> Result<ByteStream> {
             .await
             .map_err(|e| Error::io("temporary file", e))?;
     }
-    file.flush().await.map_err(|e| Error::io("temporary file", e))?;
+    file.flush()
+        .await
+        .map_err(|e| Error::io("temporary file", e))?;
     file.seek(std::io::SeekFrom::Start(0))
         .await
         .map_err(|e| Error::io("temporary file", e))?;

@@ -46,7 +46,12 @@ pub async fn remove(docker: &Docker, name: &str) {
     let _ = docker
         .remove_container(
             name,
-            Some(RemoveContainerOptionsBuilder::default().force(true).v(true).build()),
+            Some(
+                RemoveContainerOptionsBuilder::default()
+                    .force(true)
+                    .v(true)
+                    .build(),
+            ),
         )
         .await;
 }
@@ -76,10 +81,15 @@ pub struct DockerFixture {
 }
 
 pub fn fixture() -> DockerFixture {
+    fixture_for(&kit_image())
+}
+
+/// The fixture on a given image.
+pub fn fixture_for(image: &str) -> DockerFixture {
     init_tracing();
     let prefix = prefix();
     DockerFixture {
-        image: kit_image(),
+        image: image.to_owned(),
         prefix: prefix.clone(),
         _sweep: Sweep(prefix),
     }
