@@ -10,7 +10,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sandbox_core::snapshot::{self, SnapshotSpec};
-use sandbox_core::{BoxHandle, CreateRequest, ExecRequest, Persistence, SandboxClient, WorkspaceSpec};
+use sandbox_core::{
+    BoxHandle, CreateRequest, ExecRequest, Persistence, SandboxClient, WorkspaceSpec,
+};
 use sandbox_docker::{DockerClient, DockerOptions, PullPolicy};
 use serde_json::json;
 
@@ -97,10 +99,17 @@ async fn new_box(c: &DockerClient) -> Box<dyn BoxHandle> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let prefix = format!("sbxbench{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    let prefix = format!(
+        "sbxbench{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
     let c = client(&prefix, Persistence::Ephemeral);
-    c.ensure_image().await.expect("image (run `cargo xtask images`)");
-    let run_d = format!("docker run -d --network none --init --entrypoint sleep --label io.sandbox-harness.owner={prefix}");
+    c.ensure_image()
+        .await
+        .expect("image (run `cargo xtask images`)");
+    let run_d = format!(
+        "docker run -d --network none --init --entrypoint sleep --label io.sandbox-harness.owner={prefix}"
+    );
     let mut rows = Vec::new();
 
     // Cold create + start to the first exec.
@@ -115,12 +124,23 @@ async fn main() {
         assert!(r.success());
         h.destroy().await.expect("destroy");
         let name = format!("{prefix}-cli-cold-{i}");
-        let (d, rss) = cli(&format!("{run_d} --name {name} {IMAGE} 2147483647 >/dev/null && docker exec {name} true"));
+        let (d, rss) = cli(&format!(
+            "{run_d} --name {name} {IMAGE} 2147483647 >/dev/null && docker exec {name} true"
+        ));
         base.push(ms(d));
         base_rss = base_rss.max(rss);
         quiet(&format!("docker rm -f {name}"));
     }
-    rows.push(Row { workload: "-", phase: "cold start to first exec", ours_ms: median(ours), baseline_ms: median(base), bytes_written: 0, ours_rss, baseline_rss: base_rss, baseline: "docker run -d + docker exec" });
+    rows.push(Row {
+        workload: "-",
+        phase: "cold start to first exec",
+        ours_ms: median(ours),
+        baseline_ms: median(base),
+        bytes_written: 0,
+        ours_rss,
+        baseline_rss: base_rss,
+        baseline: "docker run -d + docker exec",
+    });
 
     // Warm start of a kept (stopped) container.
     let keep = client(&prefix, Persistence::Keep);
@@ -134,17 +154,31 @@ async fn main() {
         quiet(&format!("docker stop -t 2 {cli_name}"));
         reset_peak();
         let t = Instant::now();
-        let h2 = keep.resume(&*state, &WorkspaceSpec::default()).await.expect("resume");
+        let h2 = keep
+            .resume(&*state, &WorkspaceSpec::default())
+            .await
+            .expect("resume");
         h2.boot().await.expect("boot");
         let r = h2.exec(ExecRequest::argv(["true"])).await.expect("exec");
         ours.push(ms(t.elapsed()));
         ours_rss = ours_rss.max(peak_kib());
         assert!(r.success());
-        let (d, rss) = cli(&format!("docker start {cli_name} >/dev/null && docker exec {cli_name} true"));
+        let (d, rss) = cli(&format!(
+            "docker start {cli_name} >/dev/null && docker exec {cli_name} true"
+        ));
         base.push(ms(d));
         base_rss = base_rss.max(rss);
     }
-    rows.push(Row { workload: "-", phase: "warm start (keep) to first exec", ours_ms: median(ours), baseline_ms: median(base), bytes_written: 0, ours_rss, baseline_rss: base_rss, baseline: "docker start + docker exec" });
+    rows.push(Row {
+        workload: "-",
+        phase: "warm start (keep) to first exec",
+        ours_ms: median(ours),
+        baseline_ms: median(base),
+        bytes_written: 0,
+        ours_rss,
+        baseline_rss: base_rss,
+        baseline: "docker start + docker exec",
+    });
 
     // 200 exec round trips of `true`.
     h.boot().await.expect("boot");
@@ -157,36 +191,65 @@ async fn main() {
     }
     let ours = ms(t.elapsed());
     let ours_rss = peak_kib();
-    let (d, rss) = cli(&format!("i=0; while [ $i -lt 200 ]; do docker exec {cli_name} true || exit 1; i=$((i+1)); done"));
-    rows.push(Row { workload: "-", phase: "exec round trip `true` x200", ours_ms: ours, baseline_ms: ms(d), bytes_written: 0, ours_rss, baseline_rss: rss, baseline: "200 x docker exec" });
+    let (d, rss) = cli(&format!(
+        "i=0; while [ $i -lt 200 ]; do docker exec {cli_name} true || exit 1; i=$((i+1)); done"
+    ));
+    rows.push(Row {
+        workload: "-",
+        phase: "exec round trip `true` x200",
+        ours_ms: ours,
+        baseline_ms: ms(d),
+        bytes_written: 0,
+        ours_rss,
+        baseline_rss: rss,
+        baseline: "200 x docker exec",
+    });
     h.destroy().await.expect("destroy");
     quiet(&format!("docker rm -f {cli_name}"));
 
     // Snapshot / restore workloads.
     let dir = tempfile::tempdir().expect("tmp");
     let spec = SnapshotSpec::local_dir(dir.path().join("snapshots"));
-    for (workload, gen) in [
-        ("A: 1,000 files x 1 KiB", "mkdir -p a && i=0; while [ $i -lt 1000 ]; do head -c 1024 /dev/urandom > a/f$i; i=$((i+1)); done"),
-        ("B: 100 files x 1 MiB random", "mkdir -p b && i=0; while [ $i -lt 100 ]; do head -c 1048576 /dev/urandom > b/f$i; i=$((i+1)); done"),
+    for (workload, script) in [
+        (
+            "A: 1,000 files x 1 KiB",
+            "mkdir -p a && i=0; while [ $i -lt 1000 ]; do head -c 1024 /dev/urandom > a/f$i; i=$((i+1)); done",
+        ),
+        (
+            "B: 100 files x 1 MiB random",
+            "mkdir -p b && i=0; while [ $i -lt 100 ]; do head -c 1048576 /dev/urandom > b/f$i; i=$((i+1)); done",
+        ),
     ] {
         let src = new_box(&c).await;
-        let r = src.exec(ExecRequest::shell(gen).timeout(Duration::from_secs(300))).await.expect("generate");
+        let r = src
+            .exec(ExecRequest::shell(script).timeout(Duration::from_secs(300)))
+            .await
+            .expect("generate");
         assert!(r.success(), "{r:?}");
         let src_name = {
             let s = src.state();
-            s.downcast::<sandbox_docker::DockerState>("docker").expect("state").container_name.clone()
+            s.downcast::<sandbox_docker::DockerState>("docker")
+                .expect("state")
+                .container_name
+                .clone()
         };
         let tar = dir.path().join("cli.tar");
         let (mut so, mut sb, mut ro, mut rb) = (vec![], vec![], vec![], vec![]);
-        let (mut bytes, mut cli_bytes, mut s_rss, mut sb_rss, mut r_rss, mut rb_rss) = (0, 0, 0, 0, 0, 0);
+        let (mut bytes, mut cli_bytes, mut s_rss, mut sb_rss, mut r_rss, mut rb_rss) =
+            (0, 0, 0, 0, 0, 0);
         for i in 0..3 {
             reset_peak();
             let t = Instant::now();
-            let snap = snapshot::take(&*src, &spec, vec![], vec![], None).await.expect("snapshot");
+            let snap = snapshot::take(&*src, &spec, vec![], vec![], None)
+                .await
+                .expect("snapshot");
             so.push(ms(t.elapsed()));
             s_rss = s_rss.max(peak_kib());
             bytes = snap.size;
-            let (d, rss) = cli(&format!("docker cp {src_name}:/workspace - > {}", tar.display()));
+            let (d, rss) = cli(&format!(
+                "docker cp {src_name}:/workspace - > {}",
+                tar.display()
+            ));
             sb.push(ms(d));
             sb_rss = sb_rss.max(rss);
             cli_bytes = std::fs::metadata(&tar).map(|m| m.len()).unwrap_or(0);
@@ -194,7 +257,9 @@ async fn main() {
             let dst = new_box(&c).await;
             reset_peak();
             let t = Instant::now();
-            snapshot::restore(&*dst, &spec, &snap, vec![]).await.expect("restore");
+            snapshot::restore(&*dst, &spec, &snap, vec![])
+                .await
+                .expect("restore");
             ro.push(ms(t.elapsed()));
             r_rss = r_rss.max(peak_kib());
             if i == 0 {
@@ -210,11 +275,31 @@ async fn main() {
             quiet(&format!("docker rm -f {name}"));
         }
         src.destroy().await.expect("destroy");
-        rows.push(Row { workload, phase: "snapshot", ours_ms: median(so), baseline_ms: median(sb), bytes_written: bytes, ours_rss: s_rss, baseline_rss: sb_rss, baseline: "docker cp out" });
-        rows.push(Row { workload, phase: "restore", ours_ms: median(ro), baseline_ms: median(rb), bytes_written: bytes, ours_rss: r_rss, baseline_rss: rb_rss, baseline: "docker cp in" });
+        rows.push(Row {
+            workload,
+            phase: "snapshot",
+            ours_ms: median(so),
+            baseline_ms: median(sb),
+            bytes_written: bytes,
+            ours_rss: s_rss,
+            baseline_rss: sb_rss,
+            baseline: "docker cp out",
+        });
+        rows.push(Row {
+            workload,
+            phase: "restore",
+            ours_ms: median(ro),
+            baseline_ms: median(rb),
+            bytes_written: bytes,
+            ours_rss: r_rss,
+            baseline_rss: rb_rss,
+            baseline: "docker cp in",
+        });
         let _ = cli_bytes;
     }
-    quiet(&format!("docker ps -aq --filter label=io.sandbox-harness.owner={prefix} | xargs -r docker rm -fv"));
+    quiet(&format!(
+        "docker ps -aq --filter label=io.sandbox-harness.owner={prefix} | xargs -r docker rm -fv"
+    ));
 
     let out: Vec<_> = rows
         .iter()
@@ -236,12 +321,22 @@ async fn main() {
     std::fs::create_dir_all(&target).expect("mkdir");
     let path = target.join("docker.json");
     std::fs::write(&path, serde_json::to_string_pretty(&out).expect("json")).expect("write");
-    println!("| workload | phase | ours ms | baseline | baseline ms | ratio | bytes | peak RSS KiB (ours / CLI) |");
+    println!(
+        "| workload | phase | ours ms | baseline | baseline ms | ratio | bytes | peak RSS KiB (ours / CLI) |"
+    );
     println!("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |");
     for r in &rows {
         println!(
             "| {} | {} | {:.1} | {} | {:.1} | {:.2} | {} | {} / {} |",
-            r.workload, r.phase, r.ours_ms, r.baseline, r.baseline_ms, r.ours_ms / r.baseline_ms, r.bytes_written, r.ours_rss, r.baseline_rss
+            r.workload,
+            r.phase,
+            r.ours_ms,
+            r.baseline,
+            r.baseline_ms,
+            r.ours_ms / r.baseline_ms,
+            r.bytes_written,
+            r.ours_rss,
+            r.baseline_rss
         );
     }
     println!("wrote {}", path.display());
