@@ -37,7 +37,9 @@ async fn main() -> sandbox_core::Result<()> {
     let called = manager
         .call(&ctx, |sandbox| async move {
             sandbox
-                .exec(ExecRequest::shell("cat README.md; uname -a").timeout(Duration::from_secs(30)))
+                .exec(
+                    ExecRequest::shell("cat README.md; uname -a").timeout(Duration::from_secs(30)),
+                )
                 .await
         })
         .await?;

@@ -361,7 +361,7 @@ impl DockerBox {
         let stage_dir = format!("{}/{stage}", self.config.root.trim_end_matches('/'));
         self.upload(
             &self.config.root,
-            stream::once(tarfix::dirs_tar(&[stage.clone()], 0o700)?),
+            stream::once(tarfix::dirs_tar(std::slice::from_ref(&stage), 0o700)?),
         )
         .await?;
         if let Err(e) = self.upload(&stage_dir, archive).await {
@@ -589,19 +589,18 @@ impl BoxHandle for DockerBox {
             }
             tracing::info!(container = %name, "container started");
         }
-        if created || self.live().fresh {
-            if let Some(user) = &shared.options.user {
-                // The engine makes the working directory as root: give it to the user.
-                let r = self
-                    .script(
-                        "chown -- \"$1\" \"$2\"",
-                        vec![user.clone(), self.config.root.clone()],
-                        Some("0".into()),
-                    )
-                    .await?;
-                if !r.success() {
-                    tracing::warn!(stderr = %r.stderr_str(), "cannot hand the workspace root to the user");
-                }
+        let fresh = created || self.live().fresh;
+        if fresh && let Some(user) = &shared.options.user {
+            // The engine makes the working directory as root: give it to the user.
+            let r = self
+                .script(
+                    "chown -- \"$1\" \"$2\"",
+                    vec![user.clone(), self.config.root.clone()],
+                    Some("0".into()),
+                )
+                .await?;
+            if !r.success() {
+                tracing::warn!(stderr = %r.stderr_str(), "cannot hand the workspace root to the user");
             }
         }
         self.record_ports().await

@@ -308,25 +308,6 @@ pub(crate) fn watch_end(
     (out, clean)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rename_strips_the_engines_first_component() {
-        let p = |s: &str| RelPath::new(s).unwrap();
-        assert_eq!(rename("workspace/", None).unwrap(), None);
-        assert_eq!(rename("workspace/a/b", None).unwrap(), Some(p("a/b")));
-        assert_eq!(rename("./workspace/a", None).unwrap(), Some(p("a")));
-        assert_eq!(rename("x", Some(&p("sub/x"))).unwrap(), Some(p("sub/x")));
-        assert_eq!(
-            rename("x/y/", Some(&p("sub/x"))).unwrap(),
-            Some(p("sub/x/y"))
-        );
-        assert!(rename("workspace/../etc", None).is_err());
-    }
-}
-
 /// Drain `input` into an anonymous temporary file and stream it back.
 pub(crate) async fn spool(input: ByteStream) -> Result<ByteStream> {
     use futures::StreamExt;
@@ -349,4 +330,23 @@ pub(crate) async fn spool(input: ByteStream) -> Result<ByteStream> {
         .await
         .map_err(|e| Error::io("temporary file", e))?;
     Ok(stream::from_reader(file))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rename_strips_the_engines_first_component() {
+        let p = |s: &str| RelPath::new(s).unwrap();
+        assert_eq!(rename("workspace/", None).unwrap(), None);
+        assert_eq!(rename("workspace/a/b", None).unwrap(), Some(p("a/b")));
+        assert_eq!(rename("./workspace/a", None).unwrap(), Some(p("a")));
+        assert_eq!(rename("x", Some(&p("sub/x"))).unwrap(), Some(p("sub/x")));
+        assert_eq!(
+            rename("x/y/", Some(&p("sub/x"))).unwrap(),
+            Some(p("sub/x/y"))
+        );
+        assert!(rename("workspace/../etc", None).is_err());
+    }
 }
