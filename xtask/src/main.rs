@@ -11,10 +11,11 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("test") => test(),
+        Some("images") => docker_images(),
         Some("bench") => bench(&args[1..]),
         Some("help") | None => {
             println!(
-                "usage: cargo xtask <task>\n\ntasks:\n  test    fmt check, clippy -D warnings, all tests, the quickstart"
+                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker ones included), the quickstart\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [W]  snapshot engine vs GNU tar (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json"
             );
             Ok(())
         }
@@ -43,7 +44,8 @@ fn test() -> Result<(), String> {
             "warnings",
         ],
     )?;
-    run("cargo", &["test", "--workspace"])?;
+    docker_test_preflight()?;
+    run_env("cargo", &["test", "--workspace"], &docker_test_env())?;
     run("cargo", &["run", "--quiet", "--example", "quickstart"])?;
     println!("xtask test: all passed in {:.0?}", started.elapsed());
     Ok(())
@@ -62,14 +64,16 @@ fn bench(args: &[String]) -> Result<(), String> {
             ];
             cmd.extend(args[1..].iter().map(String::as_str));
             let out = workspace_root().join("target/bench");
-            run_with_env(
+            run_env(
                 "cargo",
                 &cmd,
                 &[("SANDBOX_BENCH_OUT", out.to_str().expect("UTF-8 path"))],
             )
         }
-        Some(other) => Err(format!("unknown benchmark `{other}` (have: snapshot)")),
-        None => Err("name a benchmark: snapshot".into()),
+        Some("docker") => bench_docker(),
+        other => Err(format!(
+            "unknown benchmark {other:?} (have: snapshot, docker)"
+        )),
     }
 }
 
@@ -81,10 +85,10 @@ fn workspace_root() -> std::path::PathBuf {
 }
 
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
-    run_with_env(program, args, &[])
+    run_env(program, args, &[])
 }
 
-fn run_with_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
+fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
     println!("xtask: $ {program} {}", args.join(" "));
     let status = Command::new(program)
         .args(args)
@@ -96,4 +100,165 @@ fn run_with_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()
     } else {
         Err(format!("`{program} {}` failed ({status})", args.join(" ")))
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Docker: test images, test environment, benchmark (sandbox-docker).
+
+/// The test images: busybox (static, tiny) and Debian (bash, coreutils, GNU find, tar,
+/// python3). Each is built from Debian packages and imported with `docker import`: no
+/// container registry is involved.
+const DOCKER_BUSYBOX_IMAGE: &str = "sandbox-harness-test/busybox";
+const DOCKER_DEBIAN_IMAGE: &str = "sandbox-harness-test/debian";
+/// Bump when a recipe changes: the tag `r<N>` marks an image built by this recipe.
+const DOCKER_RECIPE: &str = "r1";
+const DEBIAN_SUITE: &str = "bookworm";
+const DEBIAN_PACKAGES: &str = "python3,procps";
+
+/// Environment of the test run: the Docker tests are selected by `SANDBOX_TEST_DOCKER=1`.
+fn docker_test_env() -> Vec<(&'static str, &'static str)> {
+    vec![("SANDBOX_TEST_DOCKER", "1")]
+}
+
+/// Under `cargo xtask test` the Docker tests always run: the engine must answer and the
+/// images must exist (they are built here), or the task fails.
+fn docker_test_preflight() -> Result<(), String> {
+    docker_images()?;
+    let out = Command::new("docker")
+        .args(["version", "--format", "{{.Server.APIVersion}}"])
+        .output()
+        .map_err(|e| format!("cannot run docker: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the Docker engine does not answer (the Docker tests cannot be skipped): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// `cargo xtask images`: build the test images if this recipe's are not on the engine yet.
+fn docker_images() -> Result<(), String> {
+    let started = Instant::now();
+    docker_image(DOCKER_BUSYBOX_IMAGE, build_busybox_rootfs)?;
+    docker_image(DOCKER_DEBIAN_IMAGE, build_debian_rootfs)?;
+    println!(
+        "xtask: docker test images ready in {:.0?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+fn docker_image(
+    name: &str,
+    build: fn(&std::path::Path) -> Result<(), String>,
+) -> Result<(), String> {
+    let recipe_tag = format!("{name}:{DOCKER_RECIPE}");
+    let have = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", &recipe_tag])
+        .output()
+        .map_err(|e| format!("cannot run docker: {e}"))?;
+    if have.status.success() {
+        run("docker", &["tag", &recipe_tag, &format!("{name}:latest")])?;
+        println!("xtask: {recipe_tag} is cached");
+        return Ok(());
+    }
+    let dir = std::path::PathBuf::from(format!(
+        "target/xtask-images/{}",
+        name.rsplit('/').next().unwrap_or(name)
+    ));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| format!("clearing {}: {e}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    build(&dir)?;
+    let script = format!(
+        "tar --sort=name --numeric-owner -C '{}' -c . | docker import \
+         -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+         -c 'ENV LANG=C.UTF-8' - '{recipe_tag}'",
+        dir.display()
+    );
+    run("sh", &["-c", &script])?;
+    run("docker", &["tag", &recipe_tag, &format!("{name}:latest")])?;
+    std::fs::remove_dir_all(&dir).map_err(|e| format!("clearing {}: {e}", dir.display()))?;
+    Ok(())
+}
+
+/// Install a Debian package providing `tool` if it is missing (CI and fresh machines).
+fn ensure_tool(tool: &str, package: &str) -> Result<String, String> {
+    let find = |t: &str| {
+        ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+            .iter()
+            .map(|d| format!("{d}/{t}"))
+            .find(|p| std::path::Path::new(p).exists())
+    };
+    if let Some(p) = find(tool) {
+        return Ok(p);
+    }
+    println!("xtask: {tool} is missing: installing the Debian package {package}");
+    let _ = run("apt-get", &["update", "-qq"]);
+    run_env(
+        "apt-get",
+        &["install", "-y", "-qq", package],
+        &[("DEBIAN_FRONTEND", "noninteractive")],
+    )?;
+    find(tool).ok_or_else(|| format!("{tool} still missing after installing {package}"))
+}
+
+/// A root filesystem of static busybox with its applets, `/etc/passwd` and `/tmp`.
+fn build_busybox_rootfs(dir: &std::path::Path) -> Result<(), String> {
+    let busybox = ensure_tool("busybox", "busybox-static")?;
+    let script = format!(
+        r#"set -e
+cd '{dir}'
+mkdir -p bin etc tmp proc sys dev root usr
+cp '{busybox}' bin/busybox
+file_out=$(head -c 4096 bin/busybox | tr -dc 'a-z/.' | grep -c 'ld-linux' || true)
+if [ "$file_out" != 0 ]; then echo "{busybox} is not static: install busybox-static" >&2; exit 1; fi
+for a in $(bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "bin/$a"; done
+ln -s ../bin usr/bin
+ln -s bin sbin
+printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' > etc/passwd
+printf 'root:x:0:\nnogroup:x:65534:\n' > etc/group
+chmod 1777 tmp
+"#,
+        dir = dir.display()
+    );
+    run("sh", &["-c", &script])
+}
+
+/// A minimal Debian made by debootstrap from Debian's package archive.
+fn build_debian_rootfs(dir: &std::path::Path) -> Result<(), String> {
+    let debootstrap = ensure_tool("debootstrap", "debootstrap")?;
+    let mirror = std::env::var("SANDBOX_DEBIAN_MIRROR")
+        .unwrap_or_else(|_| "http://deb.debian.org/debian".to_owned());
+    let include = format!("--include={DEBIAN_PACKAGES}");
+    let target = dir.display().to_string();
+    run(
+        &debootstrap,
+        &[
+            "--variant=minbase",
+            &include,
+            DEBIAN_SUITE,
+            &target,
+            &mirror,
+        ],
+    )?;
+    run(
+        "sh",
+        &[
+            "-c",
+            &format!("cd '{target}' && rm -rf var/cache/apt/archives/*.deb var/lib/apt/lists/*"),
+        ],
+    )
+}
+
+/// `cargo xtask bench docker`: build the images, then run the benchmark binary (release).
+fn bench_docker() -> Result<(), String> {
+    docker_images()?;
+    run_env(
+        "cargo",
+        &["bench", "-p", "sandbox-docker", "--bench", "docker"],
+        &docker_test_env(),
+    )
 }

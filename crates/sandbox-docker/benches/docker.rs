@@ -1,0 +1,343 @@
+//! `cargo xtask bench docker`: the Docker backend against the docker CLI on the same engine.
+//!
+//! Phases: cold create+start to first exec (baseline `docker run -d` + `docker exec`), warm
+//! start of a kept container (baseline `docker start` + `docker exec`), 200 exec round trips
+//! of `true` (baseline 200 × `docker exec`), and snapshot/restore of workloads A (1,000 files
+//! × 1 KiB) and B (100 files × 1 MiB random) (baseline `docker cp` out and in). Writes
+//! `target/bench/docker.json`: one object per workload and phase.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sandbox_core::snapshot::{self, SnapshotSpec};
+use sandbox_core::{
+    BoxHandle, CreateRequest, ExecRequest, Persistence, SandboxClient, WorkspaceSpec,
+};
+use sandbox_docker::{DockerClient, DockerOptions, PullPolicy};
+use serde_json::json;
+
+const IMAGE: &str = "sandbox-harness-test/busybox:latest";
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Reset this process's peak RSS (Linux `clear_refs` 5) and read it back later.
+fn reset_peak() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn peak_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// Run a shell line (the CLI baseline), returning wall time and the peak RSS of the command
+/// (GNU time's `%M`, in KiB).
+fn cli(line: &str) -> (Duration, u64) {
+    let rss_file = std::env::temp_dir().join(format!("sbx-bench-rss-{}", std::process::id()));
+    let t = Instant::now();
+    let status = Command::new("/usr/bin/time")
+        .args(["-f", "%M", "-o"])
+        .arg(&rss_file)
+        .args(["sh", "-c", line])
+        .status()
+        .expect("run");
+    let elapsed = t.elapsed();
+    assert!(status.success(), "`{line}` failed");
+    let rss = std::fs::read_to_string(&rss_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    (elapsed, rss)
+}
+
+fn quiet(line: &str) {
+    let _ = Command::new("sh").args(["-c", line]).output();
+}
+
+struct Row {
+    workload: &'static str,
+    phase: &'static str,
+    ours_ms: f64,
+    baseline_ms: f64,
+    bytes_written: u64,
+    ours_rss: u64,
+    baseline_rss: u64,
+    baseline: &'static str,
+}
+
+fn client(prefix: &str, persistence: Persistence) -> DockerClient {
+    DockerClient::new(
+        DockerOptions::new(IMAGE)
+            .name_prefix(prefix)
+            .pull_policy(PullPolicy::Never)
+            .persistence(persistence),
+    )
+    .expect("client")
+}
+
+async fn new_box(c: &DockerClient) -> Box<dyn BoxHandle> {
+    let h = c
+        .create(CreateRequest::new(&WorkspaceSpec::default(), None))
+        .await
+        .expect("create");
+    h.boot().await.expect("boot");
+    h
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let prefix = format!(
+        "sbxbench{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
+    let c = client(&prefix, Persistence::Ephemeral);
+    c.ensure_image()
+        .await
+        .expect("image (run `cargo xtask images`)");
+    let run_d = format!(
+        "docker run -d --network none --init --entrypoint sleep --label io.sandbox-harness.owner={prefix}"
+    );
+    let mut rows = Vec::new();
+
+    // Cold create + start to the first exec.
+    let (mut ours, mut base, mut ours_rss, mut base_rss) = (vec![], vec![], 0, 0);
+    for i in 0..5 {
+        reset_peak();
+        let t = Instant::now();
+        let h = new_box(&c).await;
+        let r = h.exec(ExecRequest::argv(["true"])).await.expect("exec");
+        ours.push(ms(t.elapsed()));
+        ours_rss = ours_rss.max(peak_kib());
+        assert!(r.success());
+        h.destroy().await.expect("destroy");
+        let name = format!("{prefix}-cli-cold-{i}");
+        let (d, rss) = cli(&format!(
+            "{run_d} --name {name} {IMAGE} 2147483647 >/dev/null && docker exec {name} true"
+        ));
+        base.push(ms(d));
+        base_rss = base_rss.max(rss);
+        quiet(&format!("docker rm -f {name}"));
+    }
+    rows.push(Row {
+        workload: "-",
+        phase: "cold start to first exec",
+        ours_ms: median(ours),
+        baseline_ms: median(base),
+        bytes_written: 0,
+        ours_rss,
+        baseline_rss: base_rss,
+        baseline: "docker run -d + docker exec",
+    });
+
+    // Warm start of a kept (stopped) container.
+    let keep = client(&prefix, Persistence::Keep);
+    let h = new_box(&keep).await;
+    let state = h.state();
+    let cli_name = format!("{prefix}-cli-warm");
+    quiet(&format!("{run_d} --name {cli_name} {IMAGE} 2147483647"));
+    let (mut ours, mut base, mut ours_rss, mut base_rss) = (vec![], vec![], 0, 0);
+    for _ in 0..5 {
+        h.release().await.expect("stop");
+        quiet(&format!("docker stop -t 2 {cli_name}"));
+        reset_peak();
+        let t = Instant::now();
+        let h2 = keep
+            .resume(&*state, &WorkspaceSpec::default())
+            .await
+            .expect("resume");
+        h2.boot().await.expect("boot");
+        let r = h2.exec(ExecRequest::argv(["true"])).await.expect("exec");
+        ours.push(ms(t.elapsed()));
+        ours_rss = ours_rss.max(peak_kib());
+        assert!(r.success());
+        let (d, rss) = cli(&format!(
+            "docker start {cli_name} >/dev/null && docker exec {cli_name} true"
+        ));
+        base.push(ms(d));
+        base_rss = base_rss.max(rss);
+    }
+    rows.push(Row {
+        workload: "-",
+        phase: "warm start (keep) to first exec",
+        ours_ms: median(ours),
+        baseline_ms: median(base),
+        bytes_written: 0,
+        ours_rss,
+        baseline_rss: base_rss,
+        baseline: "docker start + docker exec",
+    });
+
+    // 200 exec round trips of `true`.
+    h.boot().await.expect("boot");
+    quiet(&format!("docker start {cli_name}"));
+    reset_peak();
+    let t = Instant::now();
+    for _ in 0..200 {
+        let r = h.exec(ExecRequest::argv(["true"])).await.expect("exec");
+        assert!(r.success());
+    }
+    let ours = ms(t.elapsed());
+    let ours_rss = peak_kib();
+    let (d, rss) = cli(&format!(
+        "i=0; while [ $i -lt 200 ]; do docker exec {cli_name} true || exit 1; i=$((i+1)); done"
+    ));
+    rows.push(Row {
+        workload: "-",
+        phase: "exec round trip `true` x200",
+        ours_ms: ours,
+        baseline_ms: ms(d),
+        bytes_written: 0,
+        ours_rss,
+        baseline_rss: rss,
+        baseline: "200 x docker exec",
+    });
+    h.destroy().await.expect("destroy");
+    quiet(&format!("docker rm -f {cli_name}"));
+
+    // Snapshot / restore workloads.
+    let dir = tempfile::tempdir().expect("tmp");
+    let spec = SnapshotSpec::local_dir(dir.path().join("snapshots"));
+    for (workload, script) in [
+        (
+            "A: 1,000 files x 1 KiB",
+            "mkdir -p a && i=0; while [ $i -lt 1000 ]; do head -c 1024 /dev/urandom > a/f$i; i=$((i+1)); done",
+        ),
+        (
+            "B: 100 files x 1 MiB random",
+            "mkdir -p b && i=0; while [ $i -lt 100 ]; do head -c 1048576 /dev/urandom > b/f$i; i=$((i+1)); done",
+        ),
+    ] {
+        let src = new_box(&c).await;
+        let r = src
+            .exec(ExecRequest::shell(script).timeout(Duration::from_secs(300)))
+            .await
+            .expect("generate");
+        assert!(r.success(), "{r:?}");
+        let src_name = {
+            let s = src.state();
+            s.downcast::<sandbox_docker::DockerState>("docker")
+                .expect("state")
+                .container_name
+                .clone()
+        };
+        let tar = dir.path().join("cli.tar");
+        let (mut so, mut sb, mut ro, mut rb) = (vec![], vec![], vec![], vec![]);
+        let (mut bytes, mut cli_bytes, mut s_rss, mut sb_rss, mut r_rss, mut rb_rss) =
+            (0, 0, 0, 0, 0, 0);
+        for i in 0..3 {
+            reset_peak();
+            let t = Instant::now();
+            let snap = snapshot::take(&*src, &spec, vec![], vec![], None)
+                .await
+                .expect("snapshot");
+            so.push(ms(t.elapsed()));
+            s_rss = s_rss.max(peak_kib());
+            bytes = snap.size;
+            let (d, rss) = cli(&format!(
+                "docker cp {src_name}:/workspace - > {}",
+                tar.display()
+            ));
+            sb.push(ms(d));
+            sb_rss = sb_rss.max(rss);
+            cli_bytes = std::fs::metadata(&tar).map(|m| m.len()).unwrap_or(0);
+
+            let dst = new_box(&c).await;
+            reset_peak();
+            let t = Instant::now();
+            snapshot::restore(&*dst, &spec, &snap, vec![])
+                .await
+                .expect("restore");
+            ro.push(ms(t.elapsed()));
+            r_rss = r_rss.max(peak_kib());
+            if i == 0 {
+                let n = dst.list().await.expect("list").len();
+                assert!(n > 100, "restored {n} entries");
+            }
+            dst.destroy().await.expect("destroy");
+            let name = format!("{prefix}-cli-restore");
+            quiet(&format!("{run_d} --name {name} {IMAGE} 2147483647"));
+            let (d, rss) = cli(&format!("docker cp - {name}:/ < {}", tar.display()));
+            rb.push(ms(d));
+            rb_rss = rb_rss.max(rss);
+            quiet(&format!("docker rm -f {name}"));
+        }
+        src.destroy().await.expect("destroy");
+        rows.push(Row {
+            workload,
+            phase: "snapshot",
+            ours_ms: median(so),
+            baseline_ms: median(sb),
+            bytes_written: bytes,
+            ours_rss: s_rss,
+            baseline_rss: sb_rss,
+            baseline: "docker cp out",
+        });
+        rows.push(Row {
+            workload,
+            phase: "restore",
+            ours_ms: median(ro),
+            baseline_ms: median(rb),
+            bytes_written: bytes,
+            ours_rss: r_rss,
+            baseline_rss: rb_rss,
+            baseline: "docker cp in",
+        });
+        let _ = cli_bytes;
+    }
+    quiet(&format!(
+        "docker ps -aq --filter label=io.sandbox-harness.owner={prefix} | xargs -r docker rm -fv"
+    ));
+
+    let out: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "workload": r.workload,
+                "phase": r.phase,
+                "ours_ms": (r.ours_ms * 10.0).round() / 10.0,
+                "baseline_ms": (r.baseline_ms * 10.0).round() / 10.0,
+                "ratio": ((r.ours_ms / r.baseline_ms) * 100.0).round() / 100.0,
+                "bytes_written": r.bytes_written,
+                "peak_rss_kib": r.ours_rss,
+                "baseline_peak_rss_kib": r.baseline_rss,
+                "baseline": r.baseline,
+            })
+        })
+        .collect();
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench");
+    std::fs::create_dir_all(&target).expect("mkdir");
+    let path = target.join("docker.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&out).expect("json")).expect("write");
+    println!(
+        "| workload | phase | ours ms | baseline | baseline ms | ratio | bytes | peak RSS KiB (ours / CLI) |"
+    );
+    println!("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.1} | {} | {:.1} | {:.2} | {} | {} / {} |",
+            r.workload,
+            r.phase,
+            r.ours_ms,
+            r.baseline,
+            r.baseline_ms,
+            r.ours_ms / r.baseline_ms,
+            r.bytes_written,
+            r.ours_rss,
+            r.baseline_rss
+        );
+    }
+    println!("wrote {}", path.display());
+}

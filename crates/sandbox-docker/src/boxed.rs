@@ -1,0 +1,841 @@
+//! [`DockerBox`]: one container's primitives.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bollard::query_parameters::{
+    ContainerArchiveInfoOptionsBuilder, DownloadFromContainerOptionsBuilder,
+    StopContainerOptionsBuilder, UploadToContainerOptionsBuilder,
+};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use sandbox_core::archive::Excludes;
+use sandbox_core::stream::{self, ByteStream};
+use sandbox_core::{
+    BoxHandle, Error, ExecRequest, ExecResult, ExportRequest, ImportMode, IsolationKey,
+    OutputLimits, Persistence, RelPath, Result, SandboxState, TreeEntry, async_trait,
+};
+
+use crate::BACKEND;
+use crate::client::{Shared, state_of};
+use crate::exec::{self, ExecSpec};
+use crate::state::ResolvedMount;
+use crate::tarfix::{self, Download, STAGE_PREFIX, Single};
+
+/// Go's `os.ModeDir` and `os.ModeSymlink` bits in the engine's path stat.
+const GO_MODE_DIR: u32 = 1 << 31;
+const GO_MODE_SYMLINK: u32 = 1 << 27;
+
+/// Timeout of the backend's own helper commands.
+const HELPER_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Largest file `read_file` returns.
+const READ_LIMIT: u64 = 1 << 30;
+
+/// Everything that describes a box apart from its live container.
+#[derive(Debug, Clone)]
+pub(crate) struct BoxConfig {
+    pub name: String,
+    pub image: String,
+    pub root: String,
+    pub key: Option<IsolationKey>,
+    pub persistence: Persistence,
+    /// Bind mounts from the workspace spec: workspace path, host path, read-only.
+    pub binds: Vec<(RelPath, PathBuf, bool)>,
+    pub spec_env: BTreeMap<String, String>,
+    pub extra: Vec<ResolvedMount>,
+}
+
+#[derive(Debug, Default)]
+struct Live {
+    /// The container id the state knew, or the one `create` made.
+    expected_id: Option<String>,
+    /// The container id seen at the last boot.
+    id: Option<String>,
+    /// The workspace cannot be trusted: the container is not the one the state knew.
+    lost: bool,
+    /// The workspace is brand new and empty (a container this handle just created), so a
+    /// `Replace` import may extract straight into it.
+    fresh: bool,
+    host_ports: BTreeMap<String, u16>,
+}
+
+/// One container. Made by [`crate::DockerClient`].
+pub struct DockerBox {
+    shared: Arc<Shared>,
+    config: BoxConfig,
+    live: Mutex<Live>,
+}
+
+impl fmt::Debug for DockerBox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DockerBox")
+            .field("name", &self.config.name)
+            .field("image", &self.config.image)
+            .field("root", &self.config.root)
+            .field("persistence", &self.config.persistence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DockerBox {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        config: BoxConfig,
+        expected_id: Option<String>,
+        fresh: bool,
+    ) -> Self {
+        DockerBox {
+            shared,
+            config,
+            live: Mutex::new(Live {
+                expected_id,
+                fresh,
+                ..Live::default()
+            }),
+        }
+    }
+
+    /// The container name.
+    pub fn container_name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, Live> {
+        self.live.lock().expect("live lock")
+    }
+
+    /// The container to address: the id seen at boot, else the name.
+    fn target(&self) -> String {
+        self.live()
+            .id
+            .clone()
+            .unwrap_or_else(|| self.config.name.clone())
+    }
+
+    fn user(&self) -> Option<String> {
+        self.shared.options.user.clone()
+    }
+
+    /// Base environment of every command: options, spec, extra mounts.
+    fn base_env(&self) -> BTreeMap<String, String> {
+        let mut env = self.shared.options.env.clone();
+        env.extend(self.config.spec_env.clone());
+        for m in &self.config.extra {
+            env.insert(m.env_name.clone(), m.target.clone());
+        }
+        env
+    }
+
+    /// Run one of the backend's own scripts with `sh -c`.
+    async fn script(
+        &self,
+        script: &str,
+        args: Vec<String>,
+        user: Option<String>,
+    ) -> Result<ExecResult> {
+        let mut argv = vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            script.to_owned(),
+            "sandbox".to_owned(),
+        ];
+        argv.extend(args);
+        let docker = self.shared.docker().await?;
+        exec::run(
+            &self.shared.engine,
+            &docker,
+            &self.target(),
+            ExecSpec {
+                argv,
+                env: Vec::new(),
+                cwd: None,
+                user,
+                stdin: None,
+                limits: OutputLimits::both(256 << 20),
+                timeout: HELPER_TIMEOUT,
+            },
+        )
+        .await
+    }
+
+    async fn script_ok(
+        &self,
+        what: &'static str,
+        script: &str,
+        args: Vec<String>,
+    ) -> Result<ExecResult> {
+        let r = self.script(script, args, self.user()).await?;
+        if r.success() {
+            Ok(r)
+        } else {
+            Err(Error::backend(
+                BACKEND,
+                what,
+                format!(
+                    "helper exited with {:?}: {}",
+                    r.exit_code,
+                    r.stderr_str().trim()
+                ),
+            ))
+        }
+    }
+
+    /// The engine's stat of an in-box path: `None` if missing, else its Go file mode.
+    async fn stat(&self, path: &str) -> Result<Option<u32>> {
+        let docker = self.shared.docker().await?;
+        let options = ContainerArchiveInfoOptionsBuilder::default()
+            .path(path)
+            .build();
+        match docker
+            .get_container_archive_info(&self.target(), Some(options))
+            .await
+        {
+            Ok(s) => Ok(Some(s.file_mode)),
+            Err(e) if crate::engine::status(&e) == Some(404) => Ok(None),
+            Err(e) => Err(self.shared.engine.err("stat", "path", path, e)),
+        }
+    }
+
+    /// Stream an archive into `dir` (which must exist). Fails unless the stream ended cleanly.
+    async fn upload(&self, dir: &str, archive: ByteStream) -> Result<()> {
+        let docker = self.shared.docker().await?;
+        let mut options = UploadToContainerOptionsBuilder::default().path(dir);
+        if self.shared.options.user.is_some() {
+            // Files belong to the container's user, not to whoever packed them.
+            options = options.copy_uidgid("1");
+        }
+        let (watched, clean) = tarfix::watch_end(archive);
+        let (tx, rx) = tokio::sync::oneshot::channel::<Error>();
+        let tx = Arc::new(Mutex::new(Some(tx)));
+        // Keep our error (the engine only sees a cut-off body).
+        let body = watched.map(move |chunk| {
+            chunk.map_err(|e| {
+                let shown = std::io::Error::other(e.to_string());
+                if let Some(tx) = tx.lock().expect("tx").take() {
+                    let _ = tx.send(e);
+                }
+                shown
+            })
+        });
+        let res = docker
+            .upload_to_container(
+                &self.target(),
+                Some(options.build()),
+                bollard::body_try_stream(body),
+            )
+            .await;
+        let ours = rx.await.ok();
+        if let Some(e) = ours {
+            return Err(e);
+        }
+        res.map_err(|e| self.shared.engine.err("upload", "path", dir, e))?;
+        if !clean.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::backend(
+                BACKEND,
+                "upload",
+                "the engine accepted an archive that was not read to its end",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Create the workspace root (and its parents) if it is missing.
+    async fn ensure_root(&self) -> Result<()> {
+        if self.stat(&self.config.root).await?.is_some() {
+            return Ok(());
+        }
+        let parts: Vec<&str> = self
+            .config
+            .root
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .collect();
+        let dirs: Vec<String> = (1..=parts.len()).map(|i| parts[..i].join("/")).collect();
+        let tar = tarfix::dirs_tar(&dirs, 0o755)?;
+        self.upload("/", stream::once(tar)).await
+    }
+
+    fn keep_paths(&self) -> Vec<RelPath> {
+        self.config
+            .binds
+            .iter()
+            .map(|(p, _, _)| p.clone())
+            .collect()
+    }
+
+    /// Refuse to write through a symlink that is already in the live workspace: the engine's
+    /// extraction would follow it. `ancestors` are the directories entries go into that the
+    /// archive does not create itself first; each is checked with the engine's path stat
+    /// (no exec). The checks run before the upload starts: the engine holds the container's
+    /// lock while it extracts, so a stat during the upload would wait for the upload.
+    async fn check_ancestors(&self, ancestors: &BTreeSet<RelPath>) -> Result<()> {
+        let mut missing: Vec<RelPath> = Vec::new();
+        for a in ancestors {
+            if missing.iter().any(|m| a.starts_with(m)) {
+                continue; // the engine creates it as a real directory
+            }
+            match self.stat(&a.to_box(&self.config.root)).await? {
+                None => missing.push(a.clone()),
+                Some(m) if m & GO_MODE_SYMLINK != 0 => {
+                    return Err(Error::unsafe_archive(
+                        a.as_str(),
+                        format!("would write through the symlink `{a}` in the workspace"),
+                    ));
+                }
+                Some(m) if m & GO_MODE_DIR == 0 => {
+                    return Err(Error::unsafe_archive(
+                        a.as_str(),
+                        format!("`{a}` is not a directory"),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn merge(&self, archive: ByteStream) -> Result<()> {
+        self.ensure_root().await?;
+        // Spool the archive (to an anonymous temporary file, not memory) while noting which
+        // live directories its entries go through, check those, then upload.
+        let pending = Arc::new(Mutex::new(BTreeSet::new()));
+        let check: tarfix::EntryCheck = {
+            let pending = pending.clone();
+            let mut dirs: HashSet<RelPath> = HashSet::new();
+            Box::new(move |path: &RelPath, is_dir: bool| {
+                let mut p = path.parent();
+                while let Some(a) = p {
+                    p = a.parent();
+                    if !dirs.contains(&a) {
+                        pending.lock().expect("pending").insert(a);
+                    }
+                }
+                if is_dir {
+                    dirs.insert(path.clone());
+                }
+                Ok(())
+            })
+        };
+        let filtered = tarfix::filter_import(archive, Vec::new(), Some(check));
+        let spooled = tarfix::spool(filtered).await?;
+        let ancestors = std::mem::take(&mut *pending.lock().expect("pending"));
+        self.check_ancestors(&ancestors).await?;
+        self.upload(&self.config.root, spooled).await
+    }
+
+    async fn replace(&self, archive: ByteStream, keep: Vec<RelPath>) -> Result<()> {
+        let mut keep = keep;
+        keep.extend(self.keep_paths());
+        for k in &keep {
+            if k.as_str().contains('\n') {
+                return Err(Error::invalid(
+                    "keep path",
+                    format!("`{k}` contains a newline"),
+                ));
+            }
+        }
+        self.ensure_root().await?;
+        let fresh = std::mem::take(&mut self.live().fresh);
+        if fresh {
+            // Nothing lives here yet but mount points: extract in place, and on failure
+            // empty the workspace again.
+            let filtered = if keep.is_empty() {
+                archive
+            } else {
+                tarfix::filter_import(archive, keep.clone(), None)
+            };
+            if let Err(e) = self.upload(&self.config.root, filtered).await {
+                let cleanup = self.swap(None, &keep).await;
+                if let Err(c) = cleanup {
+                    tracing::warn!(error = %c, "emptying a workspace after a failed import");
+                }
+                return Err(e);
+            }
+            return Ok(());
+        }
+        let stage = format!("{STAGE_PREFIX}{}", uuid::Uuid::new_v4().simple());
+        let stage_dir = format!("{}/{stage}", self.config.root.trim_end_matches('/'));
+        self.upload(
+            &self.config.root,
+            stream::once(tarfix::dirs_tar(std::slice::from_ref(&stage), 0o700)?),
+        )
+        .await?;
+        if let Err(e) = self.upload(&stage_dir, archive).await {
+            if let Err(c) = self
+                .script_ok("import", "rm -rf -- \"$1\"", vec![stage_dir.clone()])
+                .await
+            {
+                tracing::warn!(error = %c, "removing a staging directory");
+            }
+            return Err(e);
+        }
+        self.swap(Some(&stage), &keep).await
+    }
+
+    /// Empty the workspace except `keep` (and the directories leading to them), then move the
+    /// staged tree in (without overwriting kept paths), then remove the staging directory.
+    async fn swap(&self, stage: Option<&str>, keep: &[RelPath]) -> Result<()> {
+        let mut k = String::from("\n");
+        for p in keep {
+            k.push_str(p.as_str());
+            k.push('\n');
+        }
+        self.script_ok(
+            "import",
+            SWAP_SCRIPT,
+            vec![self.config.root.clone(), stage.unwrap_or("").to_owned(), k],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    fn resolve_cwd(&self, cwd: Option<&str>) -> Result<String> {
+        match cwd {
+            None => Ok(self.config.root.clone()),
+            Some(c) if c.starts_with('/') => {
+                if c.contains('\0') {
+                    return Err(Error::invalid("cwd", "contains a NUL byte"));
+                }
+                Ok(c.to_owned())
+            }
+            Some(c) => Ok(RelPath::new(c)?.to_box(&self.config.root)),
+        }
+    }
+
+    async fn record_ports(&self) -> Result<()> {
+        if self.shared.options.exposed_ports.is_empty() {
+            return Ok(());
+        }
+        let Some(c) = self.shared.inspect(&self.config.name).await? else {
+            return Ok(());
+        };
+        let mut ports = BTreeMap::new();
+        if let Some(map) = c.network_settings.and_then(|n| n.ports) {
+            for (port, bindings) in map {
+                let host = bindings
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find_map(|b| b.host_port.and_then(|p| p.parse::<u16>().ok()));
+                if let Some(h) = host {
+                    ports.insert(port, h);
+                }
+            }
+        }
+        self.live().host_ports = ports;
+        Ok(())
+    }
+
+    /// Follow a symlink met by `read_file`, inside the box.
+    fn link_target(from: &str, target: &str) -> String {
+        if target.starts_with('/') {
+            target.to_owned()
+        } else {
+            let dir = from.rsplit_once('/').map_or("", |(d, _)| d);
+            format!("{dir}/{target}")
+        }
+    }
+}
+
+/// Arguments: root, staging dir name (empty: only empty the workspace), keep list (newline
+/// separated, with a leading and trailing newline).
+const SWAP_SCRIPT: &str = r#"
+set -e
+R=$1; S=$2; K=$3
+role() {
+  case "$K" in *"
+$1
+"*) echo keep; return ;; esac
+  case "$K" in *"
+$1/"*) echo anc; return ;; esac
+  echo none
+}
+clean() {
+  local d e n rel
+  d=$R${1:+/$1}
+  for e in "$d"/* "$d"/.[!.]* "$d"/..?*; do
+    [ -e "$e" ] || [ -L "$e" ] || continue
+    n=${e##*/}; rel=${1:+$1/}$n
+    if [ -z "$1" ] && [ -n "$S" ] && [ "$n" = "$S" ]; then continue; fi
+    case $(role "$rel") in
+      keep) ;;
+      anc) if [ -d "$e" ] && [ ! -L "$e" ]; then clean "$rel"; fi ;;
+      *) rm -rf -- "$e" ;;
+    esac
+  done
+}
+fill() {
+  local d e n rel
+  d=$R/$S${1:+/$1}
+  for e in "$d"/* "$d"/.[!.]* "$d"/..?*; do
+    [ -e "$e" ] || [ -L "$e" ] || continue
+    n=${e##*/}; rel=${1:+$1/}$n
+    case $(role "$rel") in
+      keep) ;;
+      anc) if [ -d "$e" ] && [ ! -L "$e" ]; then
+             if [ ! -d "$R/$rel" ] || [ -L "$R/$rel" ]; then rm -rf -- "$R/$rel"; mkdir -p -- "$R/$rel"; fi
+             fill "$rel"
+           fi ;;
+      *) mv -- "$e" "$R/$rel" ;;
+    esac
+  done
+}
+clean ""
+if [ -n "$S" ]; then
+  fill ""
+  rm -rf -- "$R/$S"
+fi
+"#;
+
+/// Remove workspace paths, never passing through a symlinked ancestor. Arguments: root,
+/// then the relative paths.
+const REMOVE_SCRIPT: &str = r#"
+R=$1; shift
+for p in "$@"; do
+  cur=$R; rest=$p; ok=1
+  while :; do
+    case $rest in */*) ;; *) break ;; esac
+    c=${rest%%/*}; rest=${rest#*/}; cur=$cur/$c
+    if [ -L "$cur" ] || [ ! -d "$cur" ]; then ok=; break; fi
+  done
+  [ -n "$ok" ] && rm -rf -- "$R/$p"
+done
+exit 0
+"#;
+
+/// List the tree under the root: GNU find's `-printf` where it exists, else busybox `stat`.
+/// Arguments: root, a random record token.
+const LIST_SCRIPT: &str = r#"
+cd "$1" || exit 3
+T=$2
+if find . -maxdepth 0 -printf '' >/dev/null 2>&1; then
+  exec find . -mindepth 1 -printf '%y %m %s %T@ %i %P\0%l\0'
+fi
+find . -mindepth 1 -exec stat -c "${T}S%f %s %Y %y %i %n" {} + || exit 4
+find . -mindepth 1 -type l -exec sh -c 'for f; do printf "%sL%s\0" "$0" "$f"; readlink "$f"; done' "$T" {} +
+"#;
+
+#[async_trait]
+impl BoxHandle for DockerBox {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn workspace_root(&self) -> &str {
+        &self.config.root
+    }
+
+    fn state(&self) -> Box<dyn SandboxState> {
+        let live = self.live();
+        let id = live.id.clone().or_else(|| live.expected_id.clone());
+        Box::new(state_of(&self.config, id, live.host_ports.clone()))
+    }
+
+    #[tracing::instrument(skip(self), fields(backend = BACKEND, container = %self.config.name))]
+    async fn boot(&self) -> Result<()> {
+        let shared = &self.shared;
+        let docker = shared.docker().await?;
+        let name = &self.config.name;
+        let (id, running, paused, created) = match shared.inspect(name).await? {
+            Some(c) => {
+                shared.check_owner(name, &c)?;
+                let state = c.state.clone().unwrap_or_default();
+                (
+                    c.id.clone().unwrap_or_default(),
+                    state.running == Some(true),
+                    state.paused == Some(true),
+                    false,
+                )
+            }
+            None => {
+                tracing::warn!(container = %name, "container is gone: creating a new one (its workspace must be restored)");
+                (
+                    shared.create_container(&self.config).await?,
+                    false,
+                    false,
+                    true,
+                )
+            }
+        };
+        {
+            let mut live = self.live();
+            let same = live.expected_id.as_deref() == Some(id.as_str());
+            if !same {
+                if live.expected_id.is_some() {
+                    tracing::warn!(container = %name, "the container is not the one the state knew: its workspace is lost");
+                }
+                live.lost = true;
+            }
+            if created {
+                live.fresh = true;
+            }
+            live.id = Some(id.clone());
+            live.expected_id = Some(id.clone());
+        }
+        if paused {
+            docker
+                .unpause_container(&id)
+                .await
+                .map_err(|e| shared.engine.err("unpause", "container", name, e))?;
+        } else if !running {
+            match docker.start_container(&id, None).await {
+                Ok(()) => {}
+                // Started concurrently: fine.
+                Err(e) if crate::engine::status(&e) == Some(304) => {}
+                Err(e) => return Err(shared.engine.err("start", "container", name, e)),
+            }
+            tracing::info!(container = %name, "container started");
+        }
+        let fresh = created || self.live().fresh;
+        if fresh && let Some(user) = &shared.options.user {
+            // The engine makes the working directory as root: give it to the user.
+            let r = self
+                .script(
+                    "chown -- \"$1\" \"$2\"",
+                    vec![user.clone(), self.config.root.clone()],
+                    Some("0".into()),
+                )
+                .await?;
+            if !r.success() {
+                tracing::warn!(stderr = %r.stderr_str(), "cannot hand the workspace root to the user");
+            }
+        }
+        self.record_ports().await
+    }
+
+    #[tracing::instrument(skip(self), fields(backend = BACKEND, container = %self.config.name))]
+    async fn release(&self) -> Result<()> {
+        match self.config.persistence {
+            Persistence::Ephemeral => self.shared.remove(&self.config.name).await,
+            Persistence::Keep => {
+                let docker = self.shared.docker().await?;
+                let t = self.shared.options.stop_timeout.as_secs() as i32;
+                let options = StopContainerOptionsBuilder::default().t(t).build();
+                match docker.stop_container(&self.target(), Some(options)).await {
+                    Ok(()) => {
+                        tracing::info!(container = %self.config.name, "container stopped (kept)");
+                        Ok(())
+                    }
+                    Err(e) if matches!(crate::engine::status(&e), Some(304) | Some(404)) => Ok(()),
+                    Err(e) => {
+                        Err(self
+                            .shared
+                            .engine
+                            .err("stop", "container", &self.config.name, e))
+                    }
+                }
+            }
+        }
+    }
+
+    #[tracing::instrument(skip(self), fields(backend = BACKEND, container = %self.config.name))]
+    async fn destroy(&self) -> Result<()> {
+        match self.shared.inspect(&self.config.name).await? {
+            None => Ok(()),
+            Some(c) => {
+                self.shared.check_owner(&self.config.name, &c)?;
+                self.shared.remove(&self.config.name).await
+            }
+        }
+    }
+
+    async fn workspace_exists(&self) -> Result<bool> {
+        if self.live().lost {
+            return Ok(false);
+        }
+        Ok(self
+            .stat(&self.config.root)
+            .await?
+            .is_some_and(|m| m & GO_MODE_DIR != 0))
+    }
+
+    async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
+        let cwd = self.resolve_cwd(request.cwd.as_deref())?;
+        let mut env = self.base_env();
+        for k in request.env.keys() {
+            crate::options::check_env_name(k)?;
+        }
+        env.extend(request.env);
+        let docker = self.shared.docker().await?;
+        exec::run(
+            &self.shared.engine,
+            &docker,
+            &self.target(),
+            ExecSpec {
+                argv: request.command.to_argv(&["sh", "-c"]),
+                env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                cwd: Some(cwd),
+                user: self.user(),
+                stdin: request.stdin,
+                limits: request.limits,
+                timeout: request
+                    .timeout
+                    .unwrap_or(self.shared.options.default_timeout),
+            },
+        )
+        .await
+    }
+
+    async fn list(&self) -> Result<Vec<TreeEntry>> {
+        let token = format!("\u{1}{}\u{1}", uuid::Uuid::new_v4().simple());
+        let r = self
+            .script_ok(
+                "list",
+                LIST_SCRIPT,
+                vec![self.config.root.clone(), token.clone()],
+            )
+            .await?;
+        if r.stdout_truncated {
+            return Err(Error::backend(
+                BACKEND,
+                "list",
+                "listing larger than 256 MiB",
+            ));
+        }
+        let mut entries = crate::list::parse(&r.stdout, &token)?;
+        entries.retain(|e| {
+            !e.path
+                .components()
+                .next()
+                .is_some_and(|c| c.starts_with(STAGE_PREFIX))
+        });
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(entries)
+    }
+
+    async fn export(&self, request: &ExportRequest) -> Result<ByteStream> {
+        let excludes = Excludes::new(request.exclude.clone(), &request.exclude_globs)?;
+        let docker = self.shared.docker().await?;
+        let target = self.target();
+        let engine_err = {
+            let shared = self.shared.clone();
+            move |path: String| {
+                let shared = shared.clone();
+                move |e: bollard::errors::Error| shared.engine.err("download", "path", &path, e)
+            }
+        };
+        let download = |path: String| -> ByteStream {
+            let options = DownloadFromContainerOptionsBuilder::default()
+                .path(&path)
+                .build();
+            docker
+                .download_from_container(&target, Some(options))
+                .map_err(engine_err(path))
+                .boxed()
+        };
+        let (downloads, missing_ok) = match &request.paths {
+            None => {
+                if self.stat(&self.config.root).await?.is_none() {
+                    return Err(Error::NotFound {
+                        what: "workspace root",
+                        key: self.config.root.clone(),
+                    });
+                }
+                (
+                    vec![Download {
+                        stream: download(self.config.root.clone()),
+                        prefix: None,
+                    }],
+                    false,
+                )
+            }
+            Some(paths) => (
+                paths
+                    .iter()
+                    .filter(|p| !excludes.covers(p))
+                    .map(|p| Download {
+                        stream: download(p.to_box(&self.config.root)),
+                        prefix: Some(p.clone()),
+                    })
+                    .collect(),
+                true,
+            ),
+        };
+        Ok(tarfix::export(downloads, excludes, missing_ok))
+    }
+
+    async fn import(&self, archive: ByteStream, mode: ImportMode) -> Result<()> {
+        match mode {
+            ImportMode::Merge => self.merge(archive).await,
+            ImportMode::Replace { keep } => self.replace(archive, keep).await,
+            other => Err(Error::invalid(
+                "import mode",
+                format!("{other:?} is not supported"),
+            )),
+        }
+    }
+
+    async fn read_file(&self, path: &RelPath) -> Result<Bytes> {
+        let docker = self.shared.docker().await?;
+        let target = self.target();
+        let mut boxed = path.to_box(&self.config.root);
+        for _ in 0..16 {
+            let options = DownloadFromContainerOptionsBuilder::default()
+                .path(&boxed)
+                .build();
+            let shared = self.shared.clone();
+            let shown = boxed.clone();
+            let body: ByteStream = docker
+                .download_from_container(&target, Some(options))
+                .map_err(
+                    move |e| match shared.engine.err("read", "file", &shown, e) {
+                        Error::NotFound { .. } => Error::NotFound {
+                            what: "file",
+                            key: shown.clone(),
+                        },
+                        other => other,
+                    },
+                )
+                .boxed();
+            let single = tokio::task::spawn_blocking(move || {
+                tarfix::read_single(stream::blocking_reader(body), READ_LIMIT)
+            })
+            .await
+            .map_err(|e| Error::backend(BACKEND, "read", e.to_string()))??;
+            match single {
+                Single::File(data) => return Ok(Bytes::from(data)),
+                Single::Symlink(to) => boxed = Self::link_target(&boxed, &to),
+                Single::Dir => {
+                    return Err(Error::invalid("file", format!("`{path}` is a directory")));
+                }
+                Single::Other => {
+                    return Err(Error::invalid(
+                        "file",
+                        format!("`{path}` is not a regular file"),
+                    ));
+                }
+            }
+        }
+        Err(Error::invalid(
+            "file",
+            format!("`{path}`: too many levels of symbolic links"),
+        ))
+    }
+
+    async fn write_file(&self, path: &RelPath, data: Bytes, mode: u32) -> Result<()> {
+        let tar = tarfix::file_tar(path, &data, mode)?;
+        self.ensure_root().await?;
+        let mut ancestors = BTreeSet::new();
+        let mut p = path.parent();
+        while let Some(a) = p {
+            p = a.parent();
+            ancestors.insert(a);
+        }
+        self.check_ancestors(&ancestors).await?;
+        self.upload(&self.config.root, stream::once(tar)).await
+    }
+
+    async fn remove(&self, paths: &[RelPath]) -> Result<()> {
+        if paths.is_empty() {
+            return Ok(());
+        }
+        let mut args = vec![self.config.root.clone()];
+        args.extend(paths.iter().map(|p| p.as_str().to_owned()));
+        self.script_ok("remove", REMOVE_SCRIPT, args)
+            .await
+            .map(|_| ())
+    }
+}

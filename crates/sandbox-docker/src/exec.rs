@@ -1,0 +1,254 @@
+//! Commands through the exec API: create, start attached (stdout and stderr demultiplexed and
+//! capped, stdin fed then closed), exit code from the exec inspect, and a timeout that kills
+//! the command's whole process tree inside the container.
+//!
+//! How the tree is found: every command runs with a unique marker variable in its environment
+//! (`SANDBOX_EXEC_ID=<uuid>`), which every descendant inherits whatever it does with process
+//! groups, sessions or its parent (a daemonized grandchild keeps it). On timeout a second exec
+//! freezes every process carrying the marker, adds their descendants (for the rare child that
+//! cleared its environment), kills them all, and repeats until none is left. Only POSIX `sh`,
+//! `grep -z` and `/proc` are needed, so busybox and Debian images both work.
+
+use std::time::{Duration, Instant};
+
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bytes::Bytes;
+use futures::StreamExt;
+use sandbox_core::{CappedBuffer, CapturedOutput, Error, ExecResult, OutputLimits, Result};
+use tokio::io::AsyncWriteExt;
+
+use crate::BACKEND;
+use crate::engine::Engine;
+
+/// Name of the marker variable.
+pub(crate) const MARKER_VAR: &str = "SANDBOX_EXEC_ID";
+
+/// How long output is still drained after the tree was killed.
+const DRAIN_AFTER_KILL: Duration = Duration::from_secs(5);
+
+/// One exec.
+#[derive(Clone)]
+pub(crate) struct ExecSpec {
+    pub argv: Vec<String>,
+    /// `KEY=value` pairs (values are never logged).
+    pub env: Vec<String>,
+    pub cwd: Option<String>,
+    pub user: Option<String>,
+    pub stdin: Option<Bytes>,
+    pub limits: OutputLimits,
+    pub timeout: Duration,
+}
+
+/// Run `spec` in `container` and collect its result.
+pub(crate) async fn run(
+    engine: &Engine,
+    docker: &Docker,
+    container: &str,
+    spec: ExecSpec,
+) -> Result<ExecResult> {
+    let started = Instant::now();
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let mut env = spec.env;
+    env.push(format!("{MARKER_VAR}={marker}"));
+    let config = CreateExecOptions {
+        attach_stdin: Some(spec.stdin.is_some()),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        tty: Some(false),
+        env: Some(env),
+        cmd: Some(spec.argv),
+        user: spec.user.clone(),
+        working_dir: spec.cwd,
+        ..Default::default()
+    };
+    let id = docker
+        .create_exec(container, config)
+        .await
+        .map_err(|e| engine.err("exec", "container", container, e))?
+        .id;
+    let start = StartExecOptions {
+        detach: false,
+        tty: false,
+        output_capacity: Some(64 * 1024),
+    };
+    let (mut output, input) = match docker
+        .start_exec(&id, Some(start))
+        .await
+        .map_err(|e| engine.err("exec", "container", container, e))?
+    {
+        StartExecResults::Attached { output, input } => (output, input),
+        StartExecResults::Detached => {
+            return Err(Error::backend(
+                BACKEND,
+                "exec",
+                "the engine detached the exec",
+            ));
+        }
+    };
+    // Feed stdin concurrently with reading output (a command may fill its stdout before it
+    // has read all of stdin), then half-close so the command sees end-of-file.
+    let mut input = Some(input);
+    let feeder = spec.stdin.map(|data| {
+        let mut input = input.take().expect("input once");
+        tokio::spawn(async move {
+            let _ = input.write_all(&data).await;
+            let _ = input.shutdown().await;
+        })
+    });
+
+    let mut stdout = CappedBuffer::new(spec.limits.stdout);
+    let mut stderr = CappedBuffer::new(spec.limits.stderr);
+    let deadline = tokio::time::Instant::now() + spec.timeout;
+    let mut timed_out = false;
+    let mut drain_until = None;
+    loop {
+        let wake = drain_until.unwrap_or(deadline);
+        tokio::select! {
+            item = output.next() => match item {
+                Some(Ok(LogOutput::StdOut { message })) | Some(Ok(LogOutput::Console { message })) => stdout.push(&message),
+                Some(Ok(LogOutput::StdErr { message })) => stderr.push(&message),
+                Some(Ok(LogOutput::StdIn { .. })) => {}
+                Some(Err(e)) => {
+                    if timed_out {
+                        break;
+                    }
+                    return Err(engine.err("exec output", "container", container, e));
+                }
+                None => break,
+            },
+            _ = tokio::time::sleep_until(wake) => {
+                if timed_out {
+                    tracing::warn!(container, "output still open after killing a timed-out command; giving up on it");
+                    break;
+                }
+                timed_out = true;
+                tracing::info!(container, timeout = ?spec.timeout, "exec timed out: killing its process tree");
+                if let Err(e) = kill_tree(engine, docker, container, &marker, spec.user.clone()).await {
+                    tracing::warn!(container, error = %e, "killing a timed-out command failed");
+                }
+                drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_KILL);
+            }
+        }
+    }
+    drop(output);
+    drop(input);
+    if let Some(f) = feeder {
+        f.abort();
+    }
+    let exit_code = exit_code(engine, docker, container, &id).await?;
+    let output = CapturedOutput {
+        stdout: stdout.finish(),
+        stderr: stderr.finish(),
+    };
+    let exit_code = if timed_out { None } else { exit_code };
+    Ok(ExecResult::new(
+        exit_code,
+        output,
+        timed_out,
+        started.elapsed(),
+    ))
+}
+
+/// The exit code from the exec inspect; the attach stream can end a moment before the engine
+/// records the exit, so a still-running exec is polled briefly.
+async fn exit_code(
+    engine: &Engine,
+    docker: &Docker,
+    container: &str,
+    id: &str,
+) -> Result<Option<i32>> {
+    let mut delay = Duration::from_millis(1);
+    for _ in 0..40 {
+        let inspect = docker
+            .inspect_exec(id)
+            .await
+            .map_err(|e| engine.err("exec inspect", "exec", id, e))?;
+        if inspect.running != Some(true) {
+            return Ok(inspect.exit_code.map(|c| c as i32));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(50));
+    }
+    tracing::warn!(
+        container,
+        exec = id,
+        "exec still running after its output ended"
+    );
+    Ok(None)
+}
+
+/// Kill every process carrying `marker` in its environment, and their descendants.
+const KILL_SCRIPT: &str = r#"
+m="SANDBOX_EXEC_ID=$1"
+round=0
+while [ $round -lt 50 ]; do
+  set --
+  for f in $(grep -lzxF -- "$m" /proc/[0-9]*/environ 2>/dev/null); do
+    p=${f#/proc/}; p=${p%/environ}
+    set -- "$@" "$p"
+  done
+  [ $# -eq 0 ] && exit 0
+  kill -STOP "$@" 2>/dev/null
+  grown=1
+  while [ -n "$grown" ]; do
+    grown=
+    for s in /proc/[0-9]*/status; do
+      q=${s#/proc/}; q=${q%/status}
+      case " $* " in *" $q "*) continue ;; esac
+      pp=
+      while read -r k v; do
+        if [ "$k" = "PPid:" ]; then pp=$v; break; fi
+      done < "$s" 2>/dev/null
+      case " $* " in *" $pp "*) kill -STOP "$q" 2>/dev/null; set -- "$@" "$q"; grown=1 ;; esac
+    done
+  done
+  kill -KILL "$@" 2>/dev/null
+  round=$((round + 1))
+done
+exit 1
+"#;
+
+async fn kill_tree(
+    engine: &Engine,
+    docker: &Docker,
+    container: &str,
+    marker: &str,
+    user: Option<String>,
+) -> Result<()> {
+    let config = CreateExecOptions {
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        cmd: Some(vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            KILL_SCRIPT.to_owned(),
+            "sandbox-kill".to_owned(),
+            marker.to_owned(),
+        ]),
+        user,
+        ..Default::default()
+    };
+    let id = docker
+        .create_exec(container, config)
+        .await
+        .map_err(|e| engine.err("kill", "container", container, e))?
+        .id;
+    if let StartExecResults::Attached { mut output, .. } = docker
+        .start_exec(&id, None)
+        .await
+        .map_err(|e| engine.err("kill", "container", container, e))?
+    {
+        let drain = async { while output.next().await.is_some() {} };
+        let _ = tokio::time::timeout(Duration::from_secs(30), drain).await;
+    }
+    match exit_code(engine, docker, container, &id).await? {
+        Some(0) => Ok(()),
+        code => Err(Error::backend(
+            BACKEND,
+            "kill",
+            format!("the kill script ended with {code:?}"),
+        )),
+    }
+}

@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+
+mod boxed;
+mod client;
+mod engine;
+mod exec;
+mod list;
+mod options;
+mod state;
+mod tarfix;
+
+pub use boxed::DockerBox;
+pub use client::{DockerClient, GcRemoved, GcReport, labels};
+pub use options::{
+    DEFAULT_SOCKET, DockerOptions, ExtraMount, ExtraMounts, HostSettings, PullPolicy, Ulimit,
+};
+pub use sandbox_core::Persistence;
+pub use state::{DockerState, ResolvedMount};
+
+/// The backend's tag, equal to its state's `type` tag.
+pub const BACKEND: &str = "docker";

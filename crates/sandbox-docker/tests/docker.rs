@@ -1,0 +1,481 @@
+//! Docker-specific behaviour on the real engine (`SANDBOX_TEST_DOCKER=1`, set by
+//! `cargo xtask test`).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::models::ContainerCreateBody;
+use bollard::query_parameters::CreateContainerOptionsBuilder;
+use common::{BUSYBOX, DEBIAN, Sweep, docker, options, remove};
+use sandbox_core::testkit::{Env, read, sh};
+use sandbox_core::{
+    CallContext, EntryType, Error, ExecRequest, ImportMode, IsolationKey, IsolationScope,
+    MemoryStateStore, Persistence, RelPath, Sandbox, SandboxClient, SandboxConfig, StateStore,
+    WorkspaceSpec, state_from_json,
+};
+use sandbox_docker::{DockerClient, DockerOptions, DockerState, ExtraMount, PullPolicy, labels};
+
+fn key(session: &str) -> IsolationKey {
+    IsolationKey::resolve(
+        IsolationScope::Session,
+        &CallContext::new("docker-tests").session(session),
+    )
+    .expect("key")
+}
+
+fn client(o: DockerOptions) -> (Arc<DockerClient>, Sweep) {
+    let sweep = Sweep(o.name_prefix.clone());
+    (Arc::new(DockerClient::new(o).expect("client")), sweep)
+}
+
+async fn started(client: &DockerClient, spec: WorkspaceSpec, k: Option<&IsolationKey>) -> Sandbox {
+    let sb = Sandbox::create(client, SandboxConfig::new(spec), k)
+        .await
+        .expect("create");
+    sb.start().await.expect("start");
+    sb
+}
+
+/// A foreign container (not made by this library) under `name`.
+async fn foreign(name: &str, labels: HashMap<String, String>) {
+    let body = ContainerCreateBody {
+        image: Some(BUSYBOX.into()),
+        cmd: Some(vec!["sleep".into(), "600".into()]),
+        labels: Some(labels),
+        host_config: Some(bollard::models::HostConfig {
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    docker()
+        .create_container(
+            Some(CreateContainerOptionsBuilder::default().name(name).build()),
+            body,
+        )
+        .await
+        .expect("foreign container");
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn engine_down_is_unavailable_and_persists_nothing() {
+    let env = Env::new();
+    let c: Arc<dyn SandboxClient> = Arc::new(
+        DockerClient::new(options(BUSYBOX).socket("/nonexistent/docker.sock")).expect("client"),
+    );
+    let m = env.manager(
+        c,
+        IsolationScope::Session,
+        SandboxConfig::new(WorkspaceSpec::default()),
+    );
+    let ctx = env.ctx().session("down");
+    let err = m
+        .call(&ctx, |_| async {})
+        .await
+        .expect_err("engine is down");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert!(err.is_retryable());
+    let k = IsolationKey::resolve(IsolationScope::Session, &ctx).expect("key");
+    assert_eq!(
+        env.states.load(&k).await.expect("load"),
+        None,
+        "nothing persisted"
+    );
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn foreign_container_name_is_a_conflict() {
+    let (c, _sweep) = client(options(BUSYBOX));
+    let k = key("taken");
+    let name = c.container_name(&k);
+    foreign(&name, HashMap::new()).await;
+    let err = c
+        .create(sandbox_core::CreateRequest::new(
+            &WorkspaceSpec::default(),
+            Some(&k),
+        ))
+        .await
+        .expect_err("name taken");
+    remove(&docker(), &name).await;
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn gc_removes_only_what_it_owns() {
+    let o = options(BUSYBOX).persistence(Persistence::Keep);
+    let prefix = o.name_prefix.clone();
+    let (c, _sweep) = client(o.clone());
+    // Foreign: no labels, and another owner's labels.
+    let foreign_plain = format!("{prefix}-foreign-plain");
+    let foreign_other = format!("{prefix}-foreign-other");
+    foreign(&foreign_plain, HashMap::new()).await;
+    foreign(
+        &foreign_other,
+        [
+            (labels::OWNER.to_owned(), "someone-else".to_owned()),
+            (labels::EXPIRES_AT.to_owned(), "1".to_owned()),
+        ]
+        .into(),
+    )
+    .await;
+    let states = MemoryStateStore::new();
+    // Ours, stopped, with stored state: kept. Ours, stopped, without state: removed.
+    let with_state = key("with-state");
+    let orphan = key("orphan");
+    for k in [&with_state, &orphan] {
+        let sb = started(&c, WorkspaceSpec::default(), Some(k)).await;
+        sb.shutdown().await.expect("stop");
+    }
+    states.save(&with_state, "{}", None).await.expect("save");
+    // Ours, expired (max age 0), running.
+    let (expired_client, _s2) = client(o.clone().max_age(Duration::ZERO));
+    let expired = started(
+        &expired_client,
+        WorkspaceSpec::default(),
+        Some(&key("expired")),
+    )
+    .await;
+    let report = c.gc(Some(&states), Duration::ZERO).await.expect("gc");
+    let mut removed: Vec<_> = report.removed.iter().map(|r| r.name.clone()).collect();
+    removed.sort();
+    let mut expected = vec![c.container_name(&orphan), c.container_name(&key("expired"))];
+    expected.sort();
+    assert_eq!(removed, expected, "{report:?}");
+    assert_eq!(report.kept, 1);
+    let d = docker();
+    for name in [
+        &foreign_plain,
+        &foreign_other,
+        &c.container_name(&with_state),
+    ] {
+        assert!(
+            d.inspect_container(name, None).await.is_ok(),
+            "{name} must survive gc"
+        );
+    }
+    remove(&d, &foreign_plain).await;
+    remove(&d, &foreign_other).await;
+    drop(expired);
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn read_only_bind_mount_is_enforced() {
+    let host = tempfile::tempdir().expect("tmp");
+    std::fs::write(host.path().join("in.txt"), "from host\n").expect("write");
+    let spec = WorkspaceSpec::builder()
+        .bind_mount("ro", host.path(), true)
+        .build()
+        .expect("spec");
+    let (c, _sweep) = client(options(BUSYBOX));
+    let sb = started(&c, spec, None).await;
+    assert_eq!(sh(&sb, "cat ro/in.txt").await, "from host\n");
+    let r = sb
+        .exec(ExecRequest::shell("echo x > ro/new.txt"))
+        .await
+        .expect("exec");
+    assert!(!r.success(), "writing a read-only mount must fail: {r:?}");
+    assert!(!host.path().join("new.txt").exists());
+    sb.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn missing_image_errors_name_it() {
+    let image = "sandbox-harness-test/does-not-exist:1";
+    let (c, _sweep) = client(options(image));
+    let err = c.ensure_image().await.expect_err("missing");
+    assert!(
+        matches!(err, Error::NotFound { ref key, .. } if key == image),
+        "{err}"
+    );
+    // A registry that cannot be reached (loopback, closed port): the error names the image.
+    let image = "127.0.0.1:9/sandbox-harness/nope:1";
+    let (c, _sweep) = client(options(image).pull_policy(PullPolicy::IfMissing));
+    let err = c
+        .create(sandbox_core::CreateRequest::new(
+            &WorkspaceSpec::default(),
+            None,
+        ))
+        .await
+        .expect_err("cannot pull");
+    assert!(err.to_string().contains(image), "{err}");
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn exposed_port_reports_its_host_port() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (c, _sweep) = client(options(BUSYBOX).network("bridge").expose(8080));
+    let sb = started(&c, WorkspaceSpec::default(), None).await;
+    let state = sb.state();
+    let state = state.downcast::<DockerState>("docker").expect("state");
+    let port = state.host_port(8080).expect("8080 is published");
+    assert!(port > 0);
+    // A one-shot server in the box, reached on loopback through the published port.
+    let server =
+        sb.exec(ExecRequest::shell("echo pong | nc -l -p 8080").timeout(Duration::from_secs(20)));
+    let client = async {
+        for _ in 0..100 {
+            if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                let _ = s.write_all(b"ping\n").await;
+                let mut buf = Vec::new();
+                let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+                if buf.starts_with(b"pong") {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    };
+    let (r, reached) = tokio::join!(server, client);
+    assert!(reached, "server output: {:?}", r);
+    sb.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn extra_mounts_are_per_session_and_announced() {
+    let base = tempfile::tempdir().expect("tmp");
+    let o =
+        options(BUSYBOX)
+            .extra_mount_base(base.path())
+            .extra_mounts(|k: Option<&IsolationKey>| {
+                let seg = k.map_or_else(|| "anon".to_owned(), IsolationKey::digest);
+                vec![
+                    ExtraMount::new(format!("sessions/{seg}/files"), "HARNESS_FILES_DIR")
+                        .read_only(true),
+                    ExtraMount::new(format!("sessions/{seg}/out"), "HARNESS_OUT_DIR"),
+                ]
+            });
+    let (c, _sweep) = client(o);
+    let k = key("uploads");
+    let files = base.path().join(format!("sessions/{}/files", k.digest()));
+    std::fs::create_dir_all(&files).expect("mkdir");
+    std::fs::write(files.join("doc.txt"), "uploaded\n").expect("write");
+    let sb = started(&c, WorkspaceSpec::default(), Some(&k)).await;
+    assert_eq!(
+        sh(&sb, "cat \"$HARNESS_FILES_DIR/doc.txt\"").await,
+        "uploaded\n"
+    );
+    assert!(
+        !sb.exec(ExecRequest::shell("echo x > \"$HARNESS_FILES_DIR/x\""))
+            .await
+            .expect("exec")
+            .success()
+    );
+    sh(&sb, "echo result > \"$HARNESS_OUT_DIR/r.txt\"").await;
+    let out = base
+        .path()
+        .join(format!("sessions/{}/out/r.txt", k.digest()));
+    assert_eq!(
+        std::fs::read_to_string(out).expect("on the host"),
+        "result\n"
+    );
+    sb.destroy().await.expect("destroy");
+
+    // Relative paths cannot climb out of the base.
+    let (c, _s) = client(
+        options(BUSYBOX)
+            .extra_mount_base(base.path())
+            .extra_mounts(|_| vec![ExtraMount::new("../escape", "X_DIR")]),
+    );
+    let err = c
+        .create(sandbox_core::CreateRequest::new(
+            &WorkspaceSpec::default(),
+            None,
+        ))
+        .await
+        .expect_err("escape");
+    assert!(matches!(err, Error::PathEscape { .. }), "{err}");
+}
+
+async fn list_matches_stat(image: &str) {
+    let (c, _sweep) = client(options(image));
+    let sb = started(&c, WorkspaceSpec::default(), None).await;
+    sh(
+        &sb,
+        "mkdir -p 'd i r' && printf abc > 'd i r/f' && chmod 640 'd i r/f' && ln -s 'd i r/f' link && touch -d @1700000000 old",
+    )
+    .await;
+    let entries = sb.handle().list().await.expect("list");
+    let names: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(names, ["d i r", "d i r/f", "link", "old"], "{image}");
+    let f = &entries[1];
+    assert_eq!(
+        (f.kind, f.size, f.mode),
+        (EntryType::File, 3, 0o640),
+        "{image}"
+    );
+    assert_eq!(entries[0].kind, EntryType::Dir);
+    assert_eq!(entries[2].kind, EntryType::Symlink);
+    assert_eq!(entries[2].link_target.as_deref(), Some("d i r/f"));
+    assert_eq!(entries[3].mtime_ns, 1_700_000_000_000_000_000, "{image}");
+    let secs = sh(&sb, "stat -c %Y 'd i r/f'").await;
+    assert_eq!(
+        f.mtime_ns / 1_000_000_000,
+        secs.trim().parse::<i64>().expect("secs")
+    );
+    sb.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn list_busybox() {
+    list_matches_stat(BUSYBOX).await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn list_debian() {
+    list_matches_stat(DEBIAN).await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn timeout_kills_the_tree_on_debian() {
+    let (c, _sweep) = client(options(DEBIAN));
+    let sb = started(&c, WorkspaceSpec::default(), None).await;
+    // A grandchild in its own session and process group, detached from the shell.
+    let r = sb
+        .exec(
+            ExecRequest::shell("echo started; setsid sleep 300 & echo $! > gc.pid; sleep 300")
+                .timeout(Duration::from_millis(800)),
+        )
+        .await
+        .expect("exec");
+    assert!(r.timed_out && r.exit_code.is_none(), "{r:?}");
+    assert_eq!(r.stdout_str(), "started\n");
+    let left = sh(&sb, "ps -eo args | grep -c '^sleep 300' || true").await;
+    assert_eq!(left.trim(), "0", "no sleeper survives");
+    sb.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn writes_never_pass_through_workspace_symlinks() {
+    let (c, _sweep) = client(options(BUSYBOX));
+    let sb = started(&c, WorkspaceSpec::default(), None).await;
+    sh(&sb, "ln -s /etc etc-link && ln -s /etc/passwd pw").await;
+    let h = sb.handle();
+    let err = h
+        .write_file(&RelPath::new("etc-link/pwned").unwrap(), "x".into(), 0o644)
+        .await
+        .expect_err("through a link");
+    assert!(matches!(err, Error::UnsafeArchive { .. }), "{err}");
+    let items = vec![(
+        RelPath::new("etc-link/pwned2").unwrap(),
+        sandbox_core::archive::PackSource::Bytes {
+            data: "y".into(),
+            mode: 0o644,
+        },
+    )];
+    let err = h
+        .import(sandbox_core::archive::pack(items), ImportMode::Merge)
+        .await
+        .expect_err("through a link");
+    assert!(matches!(err, Error::UnsafeArchive { .. }), "{err}");
+    // A file written at a link's own path replaces the link, not its target.
+    h.write_file(&RelPath::new("pw").unwrap(), "mine\n".into(), 0o600)
+        .await
+        .expect("replace link");
+    assert_eq!(
+        sh(
+            &sb,
+            "ls /etc/pwned /etc/pwned2 2>&1; head -c 5 /etc/passwd; echo; cat pw"
+        )
+        .await,
+        "ls: /etc/pwned: No such file or directory\nls: /etc/pwned2: No such file or directory\nroot:\nmine\n"
+    );
+    // Removing through a link leaves the target alone.
+    h.remove(&[RelPath::new("etc-link/passwd").unwrap()])
+        .await
+        .expect("remove");
+    assert_eq!(sh(&sb, "test -f /etc/passwd && echo kept").await, "kept\n");
+    sb.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn failed_replace_leaves_the_workspace_alone() {
+    let (c, _sweep) = client(options(BUSYBOX));
+    let sb = started(
+        &c,
+        WorkspaceSpec::builder()
+            .file("keep.txt", "live\n")
+            .build()
+            .unwrap(),
+        None,
+    )
+    .await;
+    let good = sandbox_core::archive::pack(vec![(
+        RelPath::new("new.txt").unwrap(),
+        sandbox_core::archive::PackSource::Bytes {
+            data: vec![7u8; 300_000].into(),
+            mode: 0o644,
+        },
+    )]);
+    let broken: sandbox_core::stream::ByteStream =
+        futures::StreamExt::boxed(futures::StreamExt::chain(
+            futures::StreamExt::take(good, 1),
+            futures::stream::once(async { Err(Error::backend("test", "stream", "cut off")) }),
+        ));
+    let err = sb
+        .handle()
+        .import(broken, ImportMode::Replace { keep: vec![] })
+        .await
+        .expect_err("broken stream");
+    assert!(!matches!(err, Error::NotFound { .. }), "{err}");
+    assert_eq!(read(&sb, "keep.txt").await.as_deref(), Some("live\n"));
+    assert_eq!(
+        sh(&sb, "ls -A").await,
+        "keep.txt\n",
+        "no staging left behind"
+    );
+    sb.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn keep_reuses_the_container_and_labels_it() {
+    let env = Env::new();
+    let (c, _sweep) = client(options(BUSYBOX).persistence(Persistence::Keep));
+    let m = env.manager(
+        c.clone(),
+        IsolationScope::Session,
+        SandboxConfig::new(WorkspaceSpec::default()),
+    );
+    let ctx = env.ctx().session("keep");
+    let r1 = m.call(&ctx, |_| async {}).await.expect("call").report;
+    let r2 = m.call(&ctx, |_| async {}).await.expect("call").report;
+    let id = |r: &sandbox_core::CallReport| {
+        state_from_json(r.state_json.as_deref().unwrap())
+            .unwrap()
+            .downcast::<DockerState>("docker")
+            .unwrap()
+            .container_id
+            .clone()
+    };
+    assert_eq!(id(&r1), id(&r2), "the same container is warm-started");
+    let k = IsolationKey::resolve(IsolationScope::Session, &ctx).unwrap();
+    let name = c.container_name(&k);
+    let info = docker().inspect_container(&name, None).await.expect("kept");
+    assert_eq!(
+        info.state.and_then(|s| s.running),
+        Some(false),
+        "stopped after the call"
+    );
+    let l = info.config.and_then(|c| c.labels).unwrap_or_default();
+    assert_eq!(l.get(labels::OWNER), Some(&c.options().name_prefix));
+    assert_eq!(l.get(labels::KEY).map(String::as_str), Some(k.as_str()));
+    let created: u64 = l[labels::CREATED_AT].parse().unwrap();
+    let expires: u64 = l[labels::EXPIRES_AT].parse().unwrap();
+    assert_eq!(expires - created, c.options().max_age.as_secs());
+}
