@@ -28,6 +28,10 @@ pub struct Capabilities {
     pub keep: bool,
     /// Commands are isolated from the host by a kernel boundary (container, VM, namespaces).
     pub isolated: bool,
+    /// `export` may run while an `import` is still streaming into the same box. Lets a
+    /// restore read unchanged files from the live workspace instead of fetching them (an
+    /// engine that locks the box during an upload cannot).
+    pub concurrent_transfers: bool,
 }
 
 /// What happens to a self-managed box when a call releases it.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument as _;
 
 use crate::archive::{self, PackSource};
-use crate::backend::{BoxHandle, CreateRequest, ImportMode, SandboxClient};
+use crate::backend::{BoxHandle, Capabilities, CreateRequest, ImportMode, SandboxClient};
 use crate::error::Result;
 use crate::exec::{ExecRequest, ExecResult};
 use crate::isolation::IsolationKey;
@@ -148,6 +148,8 @@ pub struct Sandbox {
     /// tree's metadata with the restored hashes. Empty until the first stop or restore of this
     /// process; then the state's snapshot manifest is fetched.
     baseline: Mutex<Option<(SnapshotRef, Arc<Manifest>)>>,
+    /// What the backend can do.
+    capabilities: Capabilities,
 }
 
 impl fmt::Debug for Sandbox {
@@ -174,6 +176,7 @@ impl Sandbox {
             common,
             Arc::new(config),
             key.cloned(),
+            client.capabilities(),
         ))
     }
 
@@ -190,6 +193,7 @@ impl Sandbox {
             state.common().clone(),
             Arc::new(config),
             key.cloned(),
+            client.capabilities(),
         ))
     }
 
@@ -198,6 +202,7 @@ impl Sandbox {
         common: CommonState,
         config: Arc<SandboxConfig>,
         key: Option<IsolationKey>,
+        capabilities: Capabilities,
     ) -> Sandbox {
         Sandbox {
             handle,
@@ -206,6 +211,7 @@ impl Sandbox {
             key,
             lifecycle: tokio::sync::Mutex::new(()),
             baseline: Mutex::new(None),
+            capabilities,
         }
     }
 
@@ -420,7 +426,14 @@ impl Sandbox {
             .bind_mounts()
             .map(|(p, _, _)| p.clone())
             .collect();
-        let manifest = snapshot::restore(&*self.handle, &self.config.snapshots, snap, keep).await?;
+        let manifest = snapshot::restore(
+            &*self.handle,
+            &self.config.snapshots,
+            snap,
+            keep,
+            self.capabilities.concurrent_transfers,
+        )
+        .await?;
         let baseline = match snapshot::baseline_after_restore(&*self.handle, &manifest).await {
             Ok(b) => Some((snap.clone(), b)),
             Err(e) => {

@@ -240,9 +240,11 @@ async fn main() {
         for i in 0..3 {
             reset_peak();
             let t = Instant::now();
-            let snap = snapshot::take(&*src, &spec, vec![], vec![], None)
+            // No parent: a full snapshot each round, as the CLI copies everything.
+            let snap = snapshot::take(&*src, &spec, snapshot::TakeRequest::new("bench"))
                 .await
-                .expect("snapshot");
+                .expect("snapshot")
+                .snapshot;
             so.push(ms(t.elapsed()));
             s_rss = s_rss.max(peak_kib());
             bytes = snap.size;
@@ -257,7 +259,7 @@ async fn main() {
             let dst = new_box(&c).await;
             reset_peak();
             let t = Instant::now();
-            snapshot::restore(&*dst, &spec, &snap, vec![])
+            snapshot::restore(&*dst, &spec, &snap, vec![], false)
                 .await
                 .expect("restore");
             ro.push(ms(t.elapsed()));

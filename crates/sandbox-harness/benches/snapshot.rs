@@ -485,7 +485,7 @@ fn child(args: &[String]) {
                     .expect("create");
                 handle.boot().await.expect("boot");
                 let started = Instant::now();
-                snapshot::restore(&*handle, &spec, &snap, Vec::new())
+                snapshot::restore(&*handle, &spec, &snap, Vec::new(), false)
                     .await
                     .expect("restore");
                 let ms = ms(started.elapsed());

@@ -131,6 +131,8 @@ impl SandboxClient for LocalClient {
         caps.bind_mounts = true;
         caps.read_only_bind_mounts = false;
         caps.isolated = false;
+        // Export and import are plain file operations on the host: they never block each other.
+        caps.concurrent_transfers = true;
         caps
     }
 

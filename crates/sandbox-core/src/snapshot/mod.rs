@@ -268,19 +268,19 @@ pub async fn take(
     if let Some((parent_ref, parent_manifest)) = parent
         && !plan.structural
     {
-        // Only racy files (if any) stand between us and "unchanged": confirm them by content.
-        let hashes = if plan.racy.is_empty() {
+        // Only suspects (if any) stand between us and "unchanged": their content decides.
+        let hashes = if plan.suspects.is_empty() {
             Default::default()
         } else {
             let request = crate::backend::ExportRequest {
-                paths: Some(plan.racy.clone()),
+                paths: Some(plan.suspects.clone()),
                 exclude: request.exclude.clone(),
                 exclude_globs: request.exclude_globs.clone(),
             };
             hash_files(handle, request, spec.policy).await?
         };
         let index = parent_manifest.index();
-        let confirmed = plan.racy.iter().all(|p| {
+        let confirmed = plan.suspects.iter().all(|p| {
             hashes.get(p).is_some_and(|(h, size)| {
                 index
                     .get(p)
@@ -294,7 +294,7 @@ pub async fn take(
             let mut entries = plan.entries;
             for e in &mut entries {
                 if e.hash.is_none() && e.kind == EntryType::File {
-                    let p = index.get(&e.path).expect("racy files are in the parent");
+                    let p = index.get(&e.path).expect("suspects are in the parent");
                     e.hash.clone_from(&p.hash);
                     e.chunks.clone_from(&p.chunks);
                 }
@@ -305,7 +305,7 @@ pub async fn take(
                 snapshot: same,
                 manifest: Arc::new(Manifest { header, entries }),
                 unchanged: true,
-                files_hashed: plan.racy.len() as u64,
+                files_hashed: plan.suspects.len() as u64,
                 bytes_written: 0,
             });
         }
@@ -362,6 +362,10 @@ pub async fn take(
 /// Replace the workspace of `handle` with `snapshot`, keeping the live paths in `keep`.
 /// Returns the verified manifest.
 ///
+/// With `reuse_live` (for backends whose `export` can run while an `import` streams, see
+/// [`crate::Capabilities::concurrent_transfers`]), a chunked snapshot's files that the live
+/// workspace already holds are read from the box instead of fetched.
+///
 /// Any failure (missing blob, digest mismatch, truncation, a manifest mismatch, an unsafe
 /// entry, a backend error) is [`Error::RestoreIncomplete`] and leaves the live workspace as
 /// it was.
@@ -370,6 +374,7 @@ pub async fn restore(
     spec: &SnapshotSpec,
     snapshot: &SnapshotRef,
     keep: Vec<RelPath>,
+    reuse_live: bool,
 ) -> Result<Arc<Manifest>> {
     let incomplete = |reason: &str, source: Error| Error::RestoreIncomplete {
         snapshot: snapshot.id.clone(),
@@ -379,7 +384,7 @@ pub async fn restore(
     let manifest = load_manifest(spec, snapshot)
         .await
         .map_err(|e| incomplete("cannot read the manifest", e))?;
-    if snapshot.format == SnapshotFormat::Chunked {
+    if reuse_live && snapshot.format == SnapshotFormat::Chunked {
         // Files the live workspace already has are read from the box, not fetched.
         let reuse = chunked::reusable(handle, &manifest).await;
         if !reuse.is_empty() {
@@ -498,13 +503,15 @@ pub async fn baseline_after_restore(
 pub(crate) struct Plan {
     /// Entries in path order; files to be read have `hash: None`.
     pub entries: Vec<ManifestEntry>,
-    /// Files to read: new, or metadata changed, or racy.
+    /// Files to read: new, changed, or suspect.
     pub changed: Vec<RelPath>,
-    /// Of `changed`, the files whose metadata matches the parent but which were modified too
-    /// close to its listing to trust it.
-    pub racy: Vec<RelPath>,
-    /// Something differs from the parent other than racy files: a path added or removed, a
-    /// kind, mode, size, mtime or link target changed.
+    /// Of `changed`, the files that may well be unchanged: same kind, size and mode as in the
+    /// parent, but another mtime or inode (touched, rewritten identically, or seen with a
+    /// different timestamp precision after a box restart), or "racy" (modified too close to
+    /// the parent's listing to trust an equal mtime). Their content decides.
+    pub suspects: Vec<RelPath>,
+    /// Something differs from the parent beyond suspects: a path added or removed, a kind,
+    /// mode, size or link target changed.
     pub structural: bool,
 }
 
@@ -514,24 +521,29 @@ impl Plan {
         let racy_from = parent.map_or(i64::MAX, |m| m.header.started_ns - racy_window_ns());
         let mut entries = Vec::with_capacity(live.len());
         let mut changed = Vec::new();
-        let mut racy = Vec::new();
+        let mut suspects = Vec::new();
         let mut structural = parent.is_none_or(|m| m.entries.len() != live.len());
         for e in live {
+            let file = e.kind == EntryType::File;
             match index.get(&e.path) {
-                Some(p) if p.same_metadata(e) => {
-                    if e.kind == EntryType::File && e.mtime_ns >= racy_from {
-                        racy.push(e.path.clone());
-                        changed.push(e.path.clone());
-                        entries.push(ManifestEntry::from_tree(e));
-                    } else {
-                        let mut reused = (*p).clone();
-                        reused.inode = e.inode;
-                        entries.push(reused);
-                    }
+                Some(p) if p.same_metadata(e) && !(file && e.mtime_ns >= racy_from) => {
+                    let mut reused = (*p).clone();
+                    reused.inode = e.inode;
+                    entries.push(reused);
+                }
+                Some(p)
+                    if file
+                        && p.kind == EntryType::File
+                        && p.size == e.size
+                        && p.mode == e.mode =>
+                {
+                    suspects.push(e.path.clone());
+                    changed.push(e.path.clone());
+                    entries.push(ManifestEntry::from_tree(e));
                 }
                 _ => {
                     structural = true;
-                    if e.kind == EntryType::File {
+                    if file {
                         changed.push(e.path.clone());
                     }
                     entries.push(ManifestEntry::from_tree(e));
@@ -542,7 +554,7 @@ impl Plan {
         Plan {
             entries,
             changed,
-            racy,
+            suspects,
             structural,
         }
     }
