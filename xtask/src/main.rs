@@ -39,13 +39,18 @@ fn test() -> Result<(), String> {
             "clippy",
             "--workspace",
             "--all-targets",
+            "--all-features",
             "--",
             "-D",
             "warnings",
         ],
     )?;
     docker_test_preflight()?;
-    run_env("cargo", &["test", "--workspace"], &docker_test_env())?;
+    run_env(
+        "cargo",
+        &["test", "--workspace", "--all-features"],
+        &docker_test_env(),
+    )?;
     run("cargo", &["run", "--quiet", "--example", "quickstart"])?;
     println!("xtask test: all passed in {:.0?}", started.elapsed());
     Ok(())

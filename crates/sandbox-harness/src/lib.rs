@@ -6,6 +6,10 @@ pub use sandbox_core::*;
 #[cfg(feature = "local")]
 pub use sandbox_local as local;
 
+/// The Docker engine backend (feature `docker`).
+#[cfg(feature = "docker")]
+pub use sandbox_docker as docker;
+
 /// The agent filesystem: one interface, agent tools and three modes (feature `fs`, on by
 /// default).
 #[cfg(feature = "fs")]
@@ -19,6 +23,8 @@ pub fn enabled_backends() -> Vec<&'static str> {
     let mut tags = vec![
         #[cfg(feature = "local")]
         sandbox_local::BACKEND,
+        #[cfg(feature = "docker")]
+        sandbox_docker::BACKEND,
     ];
     tags.sort_unstable();
     tags
