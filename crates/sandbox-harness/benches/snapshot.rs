@@ -88,14 +88,14 @@ fn driver(only: Option<&str>) {
     if want("A") {
         let ws = b.workspace("a");
         write_files(&ws, 1000, 1024, 1);
-        for format in [SnapshotFormat::Tar, SnapshotFormat::Chunked] {
+        for format in formats() {
             b.full_cycle("A", "a", format);
         }
     }
     if want("B") || want("C") || want("D") {
         let ws = b.workspace("b");
         write_files(&ws, 100, MIB, 2);
-        for format in [SnapshotFormat::Tar, SnapshotFormat::Chunked] {
+        for format in formats() {
             let snap = b.full_cycle("B", "b", format);
             // D: no change since the snapshot.
             let d = b.child_take("b", format, Some(&snap));
@@ -135,7 +135,7 @@ fn driver(only: Option<&str>) {
     if want("E") {
         let ws = b.workspace("e");
         write_mixed(&ws);
-        for format in [SnapshotFormat::Tar, SnapshotFormat::Chunked] {
+        for format in formats() {
             b.full_cycle("E", "e", format);
         }
     }
@@ -374,6 +374,15 @@ impl Bench {
         std::fs::write(&path, serde_json::to_vec_pretty(&self.rows).expect("json"))
             .expect("write json");
         println!("\nwrote {}", path.display());
+    }
+}
+
+/// The formats to measure: both, or the one named by `SANDBOX_BENCH_FORMAT` (`tar`, `chunked`).
+fn formats() -> Vec<SnapshotFormat> {
+    match std::env::var("SANDBOX_BENCH_FORMAT").as_deref() {
+        Ok("tar") => vec![SnapshotFormat::Tar],
+        Ok("chunked") => vec![SnapshotFormat::Chunked],
+        _ => vec![SnapshotFormat::Tar, SnapshotFormat::Chunked],
     }
 }
 

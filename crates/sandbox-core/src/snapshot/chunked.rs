@@ -369,7 +369,9 @@ pub(super) fn restore_stream(
     let store = spec.store.clone();
     let concurrency = spec.concurrency.max(1);
     let fetches = plan_fetches(&manifest, &reuse);
-    let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(concurrency);
+    // Fetches run ahead (up to `concurrency` at once); finished pieces wait in a short queue, so
+    // at most about `concurrency + 2` blobs are in memory.
+    let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(2);
     tokio::spawn(async move {
         let fetched = futures::stream::iter(fetches)
             .map(|f| {
