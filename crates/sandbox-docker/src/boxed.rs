@@ -20,6 +20,7 @@ use sandbox_core::{
 };
 
 use crate::BACKEND;
+use crate::agent::{Agent, AgentError, MAX_AGENT_STDIN};
 use crate::client::{Shared, state_of};
 use crate::exec::{self, ExecSpec};
 use crate::state::ResolvedMount;
@@ -68,6 +69,15 @@ pub struct DockerBox {
     shared: Arc<Shared>,
     config: BoxConfig,
     live: Mutex<Live>,
+    agent: tokio::sync::Mutex<AgentSlot>,
+}
+
+/// The box's exec agent, if one runs.
+#[derive(Default)]
+struct AgentSlot {
+    agent: Option<Agent>,
+    /// The agent could not start in this container: use engine execs.
+    disabled: bool,
 }
 
 impl fmt::Debug for DockerBox {
@@ -96,6 +106,7 @@ impl DockerBox {
                 fresh,
                 ..Live::default()
             }),
+            agent: tokio::sync::Mutex::new(AgentSlot::default()),
         }
     }
 
@@ -144,22 +155,63 @@ impl DockerBox {
             "sandbox".to_owned(),
         ];
         argv.extend(args);
-        let docker = self.shared.docker().await?;
-        exec::run(
-            &self.shared.engine,
-            &docker,
-            &self.target(),
-            ExecSpec {
-                argv,
-                env: Vec::new(),
-                cwd: None,
-                user,
-                stdin: None,
-                limits: OutputLimits::both(256 << 20),
-                timeout: HELPER_TIMEOUT,
-            },
-        )
+        self.run(ExecSpec {
+            argv,
+            env: Vec::new(),
+            cwd: None,
+            user,
+            stdin: None,
+            limits: OutputLimits::both(256 << 20),
+            timeout: HELPER_TIMEOUT,
+        })
         .await
+    }
+
+    /// Run a command: through the box's agent when it is free and can take it, else through
+    /// an engine exec.
+    async fn run(&self, spec: ExecSpec) -> Result<ExecResult> {
+        let docker = self.shared.docker().await?;
+        let target = self.target();
+        let engine = &self.shared.engine;
+        let agent_can = self.shared.options.exec_agent
+            && spec.user == self.user()
+            && spec
+                .stdin
+                .as_ref()
+                .is_none_or(|s| s.len() <= MAX_AGENT_STDIN);
+        if agent_can && let Ok(mut slot) = self.agent.try_lock() {
+            if slot.agent.as_ref().is_some_and(|a| !a.usable()) {
+                slot.agent = None; // a cancelled call left it out of step
+            }
+            if slot.agent.is_none() && !slot.disabled {
+                match Agent::start(engine, &docker, &target, self.user()).await {
+                    Ok(agent) => slot.agent = Some(agent),
+                    Err(e) => {
+                        tracing::info!(container = %self.config.name, error = %e, "no exec agent in this container: using engine execs");
+                        slot.disabled = true;
+                    }
+                }
+            }
+            if let Some(agent) = slot.agent.as_mut() {
+                match agent.run(engine, &docker, &target, &spec).await {
+                    Ok(result) => return Ok(result),
+                    Err(AgentError::NotSent(e)) => {
+                        tracing::info!(container = %self.config.name, error = %e, "exec agent gone: using an engine exec");
+                        slot.agent = None;
+                    }
+                    Err(AgentError::Lost(e)) => {
+                        slot.agent = None;
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        exec::run(engine, &docker, &target, spec).await
+    }
+
+    /// Forget the agent (the container stopped, restarted or is gone).
+    async fn drop_agent(&self) {
+        *self.agent.lock().await = AgentSlot::default();
     }
 
     async fn script_ok(
@@ -536,6 +588,8 @@ impl BoxHandle for DockerBox {
 
     #[tracing::instrument(skip(self), fields(backend = BACKEND, container = %self.config.name))]
     async fn boot(&self) -> Result<()> {
+        // A container that was stopped or replaced took its agent with it.
+        self.drop_agent().await;
         let shared = &self.shared;
         let docker = shared.docker().await?;
         let name = &self.config.name;
@@ -608,6 +662,7 @@ impl BoxHandle for DockerBox {
 
     #[tracing::instrument(skip(self), fields(backend = BACKEND, container = %self.config.name))]
     async fn release(&self) -> Result<()> {
+        self.drop_agent().await;
         match self.config.persistence {
             Persistence::Ephemeral => self.shared.remove(&self.config.name).await,
             Persistence::Keep => {
@@ -633,6 +688,7 @@ impl BoxHandle for DockerBox {
 
     #[tracing::instrument(skip(self), fields(backend = BACKEND, container = %self.config.name))]
     async fn destroy(&self) -> Result<()> {
+        self.drop_agent().await;
         match self.shared.inspect(&self.config.name).await? {
             None => Ok(()),
             Some(c) => {
@@ -659,23 +715,17 @@ impl BoxHandle for DockerBox {
             crate::options::check_env_name(k)?;
         }
         env.extend(request.env);
-        let docker = self.shared.docker().await?;
-        exec::run(
-            &self.shared.engine,
-            &docker,
-            &self.target(),
-            ExecSpec {
-                argv: request.command.to_argv(&["sh", "-c"]),
-                env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
-                cwd: Some(cwd),
-                user: self.user(),
-                stdin: request.stdin,
-                limits: request.limits,
-                timeout: request
-                    .timeout
-                    .unwrap_or(self.shared.options.default_timeout),
-            },
-        )
+        self.run(ExecSpec {
+            argv: request.command.to_argv(&["sh", "-c"]),
+            env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            cwd: Some(cwd),
+            user: self.user(),
+            stdin: request.stdin,
+            limits: request.limits,
+            timeout: request
+                .timeout
+                .unwrap_or(self.shared.options.default_timeout),
+        })
         .await
     }
 

@@ -210,7 +210,7 @@ done
 exit 1
 "#;
 
-async fn kill_tree(
+pub(crate) async fn kill_tree(
     engine: &Engine,
     docker: &Docker,
     container: &str,

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod agent;
 mod boxed;
 mod client;
 mod engine;

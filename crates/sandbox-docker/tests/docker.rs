@@ -479,3 +479,136 @@ async fn keep_reuses_the_container_and_labels_it() {
     let expires: u64 = l[labels::EXPIRES_AT].parse().unwrap();
     assert_eq!(expires - created, c.options().max_age.as_secs());
 }
+
+/// Whether an exec agent process runs in the box.
+async fn agent_running(sb: &Sandbox) -> bool {
+    // The probe itself may be served by the agent: look for any process whose command line
+    // carries the agent's directory name.
+    sh(
+        sb,
+        "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\" 2>/dev/null; echo; done",
+    )
+    .await
+    .contains(".sandbox-agent")
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn exec_agent_serves_commands_like_engine_execs() {
+    for image in [BUSYBOX, DEBIAN] {
+        let mut results = Vec::new();
+        for agent in [true, false] {
+            let (c, _sweep) = client(options(image).exec_agent(agent));
+            let sb = started(
+                &c,
+                WorkspaceSpec::builder().dir("a dir").build().expect("spec"),
+                None,
+            )
+            .await;
+            let mut out = Vec::new();
+            // Exit codes and separate streams.
+            let r = sb
+                .exec(ExecRequest::shell("echo out; echo err >&2; exit 7"))
+                .await
+                .expect("exec");
+            out.push(format!(
+                "{:?} {:?} {:?}",
+                r.exit_code,
+                r.stdout_str(),
+                r.stderr_str()
+            ));
+            // Quoting: cwd with a space, env values with quotes and substitutions, argv.
+            let r = sb
+                .exec(
+                    ExecRequest::argv(["sh", "-c", "pwd; printf '%s|%s' \"$A\" \"$B\""])
+                        .cwd("a dir")
+                        .env("A", "it's")
+                        .env("B", "$(echo nope)"),
+                )
+                .await
+                .expect("exec");
+            out.push(format!("{:?} {:?}", r.exit_code, r.stdout_str()));
+            // Stdin, binary output, caps.
+            let r = sb
+                .exec(ExecRequest::shell("cat; printf '\\000\\377'").stdin(&b"in\x00put"[..]))
+                .await
+                .expect("exec");
+            out.push(format!("{:?}", r.stdout));
+            let r = sb
+                .exec(
+                    ExecRequest::shell("head -c 5000 /dev/zero; head -c 10 /dev/zero >&2")
+                        .limits(sandbox_core::OutputLimits::both(100)),
+                )
+                .await
+                .expect("exec");
+            out.push(format!(
+                "{} {} {} {}",
+                r.stdout.len(),
+                r.stdout_truncated,
+                r.stderr.len(),
+                r.stderr_truncated
+            ));
+            // A timeout returns the partial output.
+            let r = sb
+                .exec(
+                    ExecRequest::shell("echo started; sleep 30")
+                        .timeout(Duration::from_millis(700)),
+                )
+                .await
+                .expect("exec");
+            out.push(format!(
+                "{} {:?} {:?}",
+                r.timed_out,
+                r.exit_code,
+                r.stdout_str()
+            ));
+            // Concurrent commands all complete (one through the agent, the rest through the
+            // engine).
+            let runs = (0..3).map(|i| sb.exec(ExecRequest::shell(format!("sleep 0.3; echo {i}"))));
+            let outs: Vec<String> = futures::future::join_all(runs)
+                .await
+                .into_iter()
+                .map(|r| r.expect("exec").stdout_str().into_owned())
+                .collect();
+            out.push(outs.join(""));
+            assert_eq!(agent_running(&sb).await, agent, "{image}: agent {agent}");
+            results.push(out);
+            sb.destroy().await.expect("destroy");
+        }
+        assert_eq!(
+            results[0], results[1],
+            "{image}: the agent behaves like engine execs"
+        );
+        assert_eq!(results[0][0], "Some(7) \"out\\n\" \"err\\n\"");
+        assert_eq!(
+            results[0][1],
+            "Some(0) \"/workspace/a dir\\nit's|$(echo nope)\""
+        );
+        assert_eq!(results[0][3], "100 true 10 false");
+        assert_eq!(results[0][4], "true None \"started\\n\"");
+        assert_eq!(results[0][5], "0\n1\n2\n");
+    }
+}
+
+#[tokio::test]
+#[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
+async fn exec_agent_survives_container_restarts() {
+    let (c, _sweep) = client(options(BUSYBOX).persistence(Persistence::Keep));
+    let k = key("agent-restart");
+    let sb = started(&c, WorkspaceSpec::default(), Some(&k)).await;
+    assert_eq!(sh(&sb, "echo one").await, "one\n");
+    sb.shutdown().await.expect("stop");
+    let state = sb.state();
+    let again = Sandbox::resume(
+        &*c,
+        SandboxConfig::new(WorkspaceSpec::default()),
+        &*state,
+        Some(&k),
+    )
+    .await
+    .expect("resume");
+    again.start().await.expect("start");
+    assert_eq!(sh(&again, "echo two").await, "two\n");
+    assert!(agent_running(&again).await);
+    again.destroy().await.expect("destroy");
+}
