@@ -421,6 +421,12 @@ fn spec_for(root: &Path, format: SnapshotFormat) -> SnapshotSpec {
     )))
     .format(format)
     .keep_last(0)
+    .restore_prefetch(
+        std::env::var("SANDBOX_BENCH_PREFETCH")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(2),
+    )
 }
 
 fn runtime() -> tokio::runtime::Runtime {

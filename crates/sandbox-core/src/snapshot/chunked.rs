@@ -367,7 +367,7 @@ pub(super) fn restore_stream(
     live: Option<ByteStream>,
 ) -> ByteStream {
     let store = spec.store.clone();
-    let concurrency = spec.concurrency.max(1);
+    let concurrency = spec.restore_prefetch.max(1);
     let fetches = plan_fetches(&manifest, &reuse);
     // Fetches run ahead (up to `concurrency` at once); finished pieces wait in a short queue, so
     // at most about `concurrency + 2` blobs are in memory.
