@@ -658,59 +658,7 @@ pub fn rewrite<R: Read, W: Write>(
     hooks: &mut dyn RewriteHooks,
 ) -> Result<W> {
     let mut out = new_builder(out);
-    let mut validator = Validator::new(policy);
-    {
-        let mut archive = tar::Archive::new(&mut *input);
-        let entries = archive
-            .entries()
-            .map_err(|e| corrupt("reading the archive", e))?;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| corrupt("reading an entry", e))?;
-            let Some(checked) = validator.check(&entry)? else {
-                continue;
-            };
-            let meta = hooks.before(&checked, entry.header())?;
-            let mode = meta.mode & 0o1777;
-            let mut content = None;
-            let res = match &checked {
-                Checked::File { path, size } => {
-                    let mut h = header(tar::EntryType::Regular, mode, meta.mtime, *size);
-                    h.set_uid(meta.uid);
-                    h.set_gid(meta.gid);
-                    let mut reader = HashingReader {
-                        inner: &mut entry,
-                        hasher: hooks.hash_files().then(blake3::Hasher::new),
-                        n: 0,
-                    };
-                    let r = out.append_data(&mut h, path.as_str(), &mut reader);
-                    if let Some(hasher) = reader.hasher.take() {
-                        content = Some((hasher.finalize(), reader.n));
-                    }
-                    r
-                }
-                Checked::Dir { path } => {
-                    let mut h = header(tar::EntryType::Directory, mode, meta.mtime, 0);
-                    h.set_uid(meta.uid);
-                    h.set_gid(meta.gid);
-                    out.append_data(&mut h, path.as_str(), io::empty())
-                }
-                Checked::Symlink { path, target } => {
-                    let mut h = header(tar::EntryType::Symlink, 0o777, meta.mtime, 0);
-                    h.set_uid(meta.uid);
-                    h.set_gid(meta.gid);
-                    out.append_link(&mut h, path.as_str(), target)
-                }
-                Checked::HardLink { path, target } => {
-                    let mut h = header(tar::EntryType::Link, mode, meta.mtime, 0);
-                    out.append_link(&mut h, path.as_str(), target.as_str())
-                }
-            };
-            res.map_err(|e| corrupt(checked.path().as_str(), e))?;
-            hooks.after(&checked, content)?;
-        }
-    }
-    io::copy(input, &mut io::sink()).map_err(|e| corrupt("reading the archive's end", e))?;
-    hooks.finish()?;
+    walk_archive(input, Some(&mut out), policy, hooks)?;
     out.into_inner().map_err(|e| Error::io("tar", e))
 }
 
@@ -719,6 +667,16 @@ pub fn rewrite<R: Read, W: Write>(
 /// hashing) on the side. Reads `input` to its end.
 pub fn inspect<R: Read>(
     input: &mut R,
+    policy: ArchivePolicy,
+    hooks: &mut dyn RewriteHooks,
+) -> Result<()> {
+    walk_archive::<R, io::Sink>(input, None, policy, hooks)
+}
+
+/// The loop of [`rewrite`] and [`inspect`]: validate, call the hooks, emit when asked.
+fn walk_archive<R: Read, W: Write>(
+    input: &mut R,
+    mut out: Option<&mut tar::Builder<W>>,
     policy: ArchivePolicy,
     hooks: &mut dyn RewriteHooks,
 ) -> Result<()> {
@@ -733,19 +691,73 @@ pub fn inspect<R: Read>(
             let Some(checked) = validator.check(&entry)? else {
                 continue;
             };
-            hooks.before(&checked, entry.header())?;
-            let mut content = None;
-            if matches!(checked, Checked::File { .. }) && hooks.hash_files() {
-                let mut hasher = blake3::Hasher::new();
-                let n = io::copy(&mut entry, &mut hasher)
-                    .map_err(|e| corrupt(checked.path().as_str(), e))?;
-                content = Some((hasher.finalize(), n));
-            }
+            let meta = hooks.before(&checked, entry.header())?;
+            let hash = hooks.hash_files();
+            let content = match out.as_deref_mut() {
+                Some(out) => emit(out, &checked, meta, &mut entry, hash)?,
+                None if hash && matches!(checked, Checked::File { .. }) => {
+                    let mut hasher = blake3::Hasher::new();
+                    let n = io::copy(&mut entry, &mut hasher)
+                        .map_err(|e| corrupt(checked.path().as_str(), e))?;
+                    Some((hasher.finalize(), n))
+                }
+                None => None,
+            };
             hooks.after(&checked, content)?;
         }
     }
     io::copy(input, &mut io::sink()).map_err(|e| corrupt("reading the archive's end", e))?;
     hooks.finish()
+}
+
+/// Write one validated entry canonically; for files, hash the content on the way if asked.
+fn emit<W: Write, R: Read>(
+    out: &mut tar::Builder<W>,
+    checked: &Checked,
+    meta: EmitMeta,
+    content: &mut R,
+    hash: bool,
+) -> Result<Option<(blake3::Hash, u64)>> {
+    let mode = meta.mode & 0o1777;
+    let mut hashed = None;
+    let owned = |kind, mode, size| {
+        let mut h = header(kind, mode, meta.mtime, size);
+        h.set_uid(meta.uid);
+        h.set_gid(meta.gid);
+        h
+    };
+    let res = match checked {
+        Checked::File { path, size } => {
+            let mut h = owned(tar::EntryType::Regular, mode, *size);
+            let mut reader = HashingReader {
+                inner: content,
+                hasher: hash.then(blake3::Hasher::new),
+                n: 0,
+            };
+            let r = out.append_data(&mut h, path.as_str(), &mut reader);
+            if let Some(hasher) = reader.hasher.take() {
+                hashed = Some((hasher.finalize(), reader.n));
+            }
+            r
+        }
+        Checked::Dir { path } => out.append_data(
+            &mut owned(tar::EntryType::Directory, mode, 0),
+            path.as_str(),
+            io::empty(),
+        ),
+        Checked::Symlink { path, target } => out.append_link(
+            &mut owned(tar::EntryType::Symlink, 0o777, 0),
+            path.as_str(),
+            target,
+        ),
+        Checked::HardLink { path, target } => out.append_link(
+            &mut header(tar::EntryType::Link, mode, meta.mtime, 0),
+            path.as_str(),
+            target.as_str(),
+        ),
+    };
+    res.map_err(|e| corrupt(checked.path().as_str(), e))?;
+    Ok(hashed)
 }
 
 /// Validate an untrusted tar stream and re-emit it canonically (see [`rewrite`]). The output

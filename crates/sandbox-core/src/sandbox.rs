@@ -420,12 +420,7 @@ impl Sandbox {
     }
 
     async fn restore(&self, snap: &SnapshotRef) -> Result<()> {
-        let keep: Vec<RelPath> = self
-            .config
-            .spec
-            .bind_mounts()
-            .map(|(p, _, _)| p.clone())
-            .collect();
+        let keep = self.config.spec.bind_mount_paths();
         let manifest = snapshot::restore(
             &*self.handle,
             &self.config.snapshots,
@@ -452,12 +447,7 @@ impl Sandbox {
     }
 
     async fn cold_init(&self) -> Result<()> {
-        let keep: Vec<RelPath> = self
-            .config
-            .spec
-            .bind_mounts()
-            .map(|(p, _, _)| p.clone())
-            .collect();
+        let keep = self.config.spec.bind_mount_paths();
         let items = entry_items(&self.config.spec, false);
         self.handle
             .import(archive::pack(items), ImportMode::Replace { keep })

@@ -215,6 +215,11 @@ impl WorkspaceSpec {
         })
     }
 
+    /// The paths of the bind-mount entries (kept as they are when a workspace is replaced).
+    pub fn bind_mount_paths(&self) -> Vec<RelPath> {
+        self.bind_mounts().map(|(p, _, _)| p.clone()).collect()
+    }
+
     /// Check the invariants a deserialized spec must also hold.
     pub fn validate(&self) -> Result<()> {
         if let Some(root) = &self.root

@@ -84,6 +84,37 @@ pub trait SandboxState: Debug + Send + Sync + 'static {
     fn clone_state(&self) -> Box<dyn SandboxState>;
 }
 
+/// Implement [`SandboxState`] for a backend's state type — a `Clone + Serialize +
+/// Deserialize` struct with a `common: CommonState` field — registered under `tag` (the
+/// backend's name, and the `type` of its JSON):
+///
+/// ```text
+/// sandbox_core::sandbox_state!(LocalState, "local");
+/// ```
+#[macro_export]
+macro_rules! sandbox_state {
+    ($ty:ty, $tag:literal) => {
+        const _: () = {
+            use $crate::typetag;
+            #[typetag::serde(name = $tag)]
+            impl $crate::SandboxState for $ty {
+                fn common(&self) -> &$crate::CommonState {
+                    &self.common
+                }
+                fn common_mut(&mut self) -> &mut $crate::CommonState {
+                    &mut self.common
+                }
+                fn as_any(&self) -> &dyn ::std::any::Any {
+                    self
+                }
+                fn clone_state(&self) -> ::std::boxed::Box<dyn $crate::SandboxState> {
+                    ::std::boxed::Box::new(::std::clone::Clone::clone(self))
+                }
+            }
+        };
+    };
+}
+
 impl Clone for Box<dyn SandboxState> {
     fn clone(&self) -> Self {
         self.clone_state()
@@ -202,21 +233,7 @@ mod tests {
         marker: String,
     }
 
-    #[typetag::serde(name = "core-test")]
-    impl SandboxState for TestState {
-        fn common(&self) -> &CommonState {
-            &self.common
-        }
-        fn common_mut(&mut self) -> &mut CommonState {
-            &mut self.common
-        }
-        fn as_any(&self) -> &dyn Any {
-            self
-        }
-        fn clone_state(&self) -> Box<dyn SandboxState> {
-            Box::new(self.clone())
-        }
-    }
+    crate::sandbox_state!(TestState, "core-test");
 
     #[test]
     fn round_trip() {

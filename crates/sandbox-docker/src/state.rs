@@ -1,9 +1,8 @@
 //! [`DockerState`]: what the Docker backend needs to find its container again.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 
-use sandbox_core::{CommonState, IsolationKey, Persistence, SandboxState};
+use sandbox_core::{CommonState, IsolationKey, Persistence};
 use serde::{Deserialize, Serialize};
 
 /// A per-session mount as resolved when its container was created.
@@ -56,24 +55,7 @@ impl DockerState {
     }
 }
 
-#[typetag::serde(name = "docker")]
-impl SandboxState for DockerState {
-    fn common(&self) -> &CommonState {
-        &self.common
-    }
-
-    fn common_mut(&mut self) -> &mut CommonState {
-        &mut self.common
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn clone_state(&self) -> Box<dyn SandboxState> {
-        Box::new(self.clone())
-    }
-}
+sandbox_core::sandbox_state!(DockerState, "docker");
 
 #[cfg(test)]
 mod tests {

@@ -1,10 +1,8 @@
 //! [`LocalState`]: what the local backend persists to find a box again.
 
-use std::any::Any;
 use std::path::PathBuf;
 
-use sandbox_core::typetag;
-use sandbox_core::{CommonState, Persistence, SandboxState};
+use sandbox_core::{CommonState, Persistence};
 use serde::{Deserialize, Serialize};
 
 /// The local backend's state, tagged `"local"` in state JSON.
@@ -30,21 +28,4 @@ pub struct LocalState {
     pub key: Option<String>,
 }
 
-#[typetag::serde(name = "local")]
-impl SandboxState for LocalState {
-    fn common(&self) -> &CommonState {
-        &self.common
-    }
-
-    fn common_mut(&mut self) -> &mut CommonState {
-        &mut self.common
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn clone_state(&self) -> Box<dyn SandboxState> {
-        Box::new(self.clone())
-    }
-}
+sandbox_core::sandbox_state!(LocalState, "local");
