@@ -448,16 +448,21 @@ impl CallInner {
         }
         // 3. shutdown: self-managed boxes only; a box without a key can never be found again.
         if !self.from.user_managed() {
+            let started = Instant::now();
             let r = if self.key.is_none() {
                 self.sandbox.destroy().await
             } else {
                 self.sandbox.shutdown().await
             };
+            if r.is_ok() {
+                tracing::info!(ms = started.elapsed().as_millis() as u64, "box released");
+            }
             keep(r);
         }
         // 4. release the lease.
         if let Some(mut lease) = self.lease.take() {
             lease.release();
+            tracing::debug!("lease released");
         }
         let report = CallReport {
             key: self.key.as_ref().map(|k| k.to_string()),
