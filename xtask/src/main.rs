@@ -45,6 +45,7 @@ fn test() -> Result<(), String> {
             "warnings",
         ],
     )?;
+    cargo_deny()?;
     docker_test_preflight()?;
     run_env(
         "cargo",
@@ -54,6 +55,38 @@ fn test() -> Result<(), String> {
     run("cargo", &["run", "--quiet", "--example", "quickstart"])?;
     println!("xtask test: all passed in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// The version of cargo-deny the checks run with (installed from crates.io when missing).
+const CARGO_DENY: &str = "0.20.2";
+
+/// `deny.toml`: licences, banned crates (OpenSSL), sources. The advisory database is not
+/// checked: it is fetched from GitHub, which this environment cannot reach.
+fn cargo_deny() -> Result<(), String> {
+    let have = Command::new("cargo")
+        .args(["deny", "--version"])
+        .output()
+        .is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains(CARGO_DENY)
+        });
+    if !have {
+        run(
+            "cargo",
+            &["install", "--locked", &format!("cargo-deny@{CARGO_DENY}")],
+        )?;
+    }
+    run(
+        "cargo",
+        &[
+            "deny",
+            "--log-level",
+            "error",
+            "check",
+            "bans",
+            "licenses",
+            "sources",
+        ],
+    )
 }
 
 fn bench(args: &[String]) -> Result<(), String> {
