@@ -680,6 +680,30 @@ fn walk_archive<R: Read, W: Write>(
     policy: ArchivePolicy,
     hooks: &mut dyn RewriteHooks,
 ) -> Result<()> {
+    for_each_entry(input, policy, |checked, entry| {
+        let meta = hooks.before(&checked, entry.header())?;
+        let hash = hooks.hash_files();
+        let content = match out.as_deref_mut() {
+            Some(out) => emit(out, &checked, meta, entry, hash)?,
+            None if hash && matches!(checked, Checked::File { .. }) => {
+                let mut hasher = blake3::Hasher::new();
+                let n = io::copy(entry, &mut hasher)
+                    .map_err(|e| corrupt(checked.path().as_str(), e))?;
+                Some((hasher.finalize(), n))
+            }
+            None => None,
+        };
+        hooks.after(&checked, content)
+    })?;
+    hooks.finish()
+}
+
+/// Call `f` with every validated entry of the tar in `input`, then read `input` to its end.
+fn for_each_entry<R: Read>(
+    input: &mut R,
+    policy: ArchivePolicy,
+    mut f: impl FnMut(Checked, &mut tar::Entry<'_, &mut R>) -> Result<()>,
+) -> Result<()> {
     let mut validator = Validator::new(policy);
     {
         let mut archive = tar::Archive::new(&mut *input);
@@ -688,26 +712,13 @@ fn walk_archive<R: Read, W: Write>(
             .map_err(|e| corrupt("reading the archive", e))?;
         for entry in entries {
             let mut entry = entry.map_err(|e| corrupt("reading an entry", e))?;
-            let Some(checked) = validator.check(&entry)? else {
-                continue;
-            };
-            let meta = hooks.before(&checked, entry.header())?;
-            let hash = hooks.hash_files();
-            let content = match out.as_deref_mut() {
-                Some(out) => emit(out, &checked, meta, &mut entry, hash)?,
-                None if hash && matches!(checked, Checked::File { .. }) => {
-                    let mut hasher = blake3::Hasher::new();
-                    let n = io::copy(&mut entry, &mut hasher)
-                        .map_err(|e| corrupt(checked.path().as_str(), e))?;
-                    Some((hasher.finalize(), n))
-                }
-                None => None,
-            };
-            hooks.after(&checked, content)?;
+            if let Some(checked) = validator.check(&entry)? {
+                f(checked, &mut entry)?;
+            }
         }
     }
     io::copy(input, &mut io::sink()).map_err(|e| corrupt("reading the archive's end", e))?;
-    hooks.finish()
+    Ok(())
 }
 
 /// Write one validated entry canonically; for files, hash the content on the way if asked.
@@ -825,67 +836,55 @@ pub fn extract_blocking<R: Read>(
     dest: &Path,
     policy: ArchivePolicy,
 ) -> Result<ExtractStats> {
-    let mut validator = Validator::new(policy);
     let mut stats = ExtractStats::default();
     let mut dir_modes: Vec<(PathBuf, u32, u64)> = Vec::new();
-    {
-        let mut archive = tar::Archive::new(&mut reader);
-        let entries = archive
-            .entries()
-            .map_err(|e| corrupt("reading the archive", e))?;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| corrupt("reading an entry", e))?;
-            let Some(checked) = validator.check(&entry)? else {
-                continue;
-            };
-            let mode = entry.header().mode().unwrap_or(0o644) & 0o1777;
-            let mtime = entry.header().mtime().unwrap_or(0);
-            let path = checked.path().clone();
-            let abs = ensure_parents(dest, &path)?;
-            match &checked {
-                Checked::File { .. } => {
-                    let mut file = create_replacing(&abs)?;
-                    let n =
-                        io::copy(&mut entry, &mut file).map_err(|e| corrupt(path.as_str(), e))?;
-                    file.set_permissions(fs::Permissions::from_mode(mode))
-                        .map_err(|e| Error::io(&abs, e))?;
-                    let _ = file.set_modified(UNIX_EPOCH + Duration::from_secs(mtime));
-                    stats.bytes += n;
-                }
-                Checked::Dir { .. } => {
-                    match fs::symlink_metadata(&abs) {
-                        Ok(m) if m.is_dir() => {}
-                        Ok(_) => {
-                            fs::remove_file(&abs).map_err(|e| Error::io(&abs, e))?;
-                            fs::create_dir(&abs).map_err(|e| Error::io(&abs, e))?;
-                        }
-                        Err(_) => fs::create_dir(&abs).map_err(|e| Error::io(&abs, e))?,
-                    }
-                    dir_modes.push((abs, mode, mtime));
-                }
-                Checked::Symlink { target, .. } => {
-                    remove_non_dir(&abs)?;
-                    std::os::unix::fs::symlink(target, &abs).map_err(|e| Error::io(&abs, e))?;
-                }
-                Checked::HardLink { target, .. } => {
-                    let src = target.to_host(dest);
-                    match fs::symlink_metadata(&src) {
-                        Ok(m) if m.is_file() => {}
-                        _ => {
-                            return Err(Error::unsafe_archive(
-                                path.as_str(),
-                                "hard link target is not a regular file",
-                            ));
-                        }
-                    }
-                    remove_non_dir(&abs)?;
-                    fs::hard_link(&src, &abs).map_err(|e| Error::io(&abs, e))?;
-                }
+    for_each_entry(&mut reader, policy, |checked, entry| {
+        let mode = entry.header().mode().unwrap_or(0o644) & 0o1777;
+        let mtime = entry.header().mtime().unwrap_or(0);
+        let path = checked.path().clone();
+        let abs = ensure_parents(dest, &path)?;
+        match &checked {
+            Checked::File { .. } => {
+                let mut file = create_replacing(&abs)?;
+                let n = io::copy(entry, &mut file).map_err(|e| corrupt(path.as_str(), e))?;
+                file.set_permissions(fs::Permissions::from_mode(mode))
+                    .map_err(|e| Error::io(&abs, e))?;
+                let _ = file.set_modified(UNIX_EPOCH + Duration::from_secs(mtime));
+                stats.bytes += n;
             }
-            stats.entries += 1;
+            Checked::Dir { .. } => {
+                match fs::symlink_metadata(&abs) {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) => {
+                        fs::remove_file(&abs).map_err(|e| Error::io(&abs, e))?;
+                        fs::create_dir(&abs).map_err(|e| Error::io(&abs, e))?;
+                    }
+                    Err(_) => fs::create_dir(&abs).map_err(|e| Error::io(&abs, e))?,
+                }
+                dir_modes.push((abs, mode, mtime));
+            }
+            Checked::Symlink { target, .. } => {
+                remove_non_dir(&abs)?;
+                std::os::unix::fs::symlink(target, &abs).map_err(|e| Error::io(&abs, e))?;
+            }
+            Checked::HardLink { target, .. } => {
+                let src = target.to_host(dest);
+                match fs::symlink_metadata(&src) {
+                    Ok(m) if m.is_file() => {}
+                    _ => {
+                        return Err(Error::unsafe_archive(
+                            path.as_str(),
+                            "hard link target is not a regular file",
+                        ));
+                    }
+                }
+                remove_non_dir(&abs)?;
+                fs::hard_link(&src, &abs).map_err(|e| Error::io(&abs, e))?;
+            }
         }
-    }
-    io::copy(&mut reader, &mut io::sink()).map_err(|e| corrupt("reading the archive's end", e))?;
+        stats.entries += 1;
+        Ok(())
+    })?;
     // Directory modes last (a read-only directory must not block its own children), deepest
     // first so that mtimes are not disturbed afterwards.
     for (abs, mode, mtime) in dir_modes.into_iter().rev() {

@@ -162,6 +162,26 @@ where
     m.call(ctx, f).await.expect("call").report
 }
 
+/// Resume the checkpoint `state_json` (priority 2) and check that `path` holds `expected`.
+async fn checkpoint_holds(
+    m: &SandboxManager,
+    ctx: &CallContext,
+    state_json: Option<&str>,
+    path: &'static str,
+    expected: &'static str,
+) {
+    let checkpoint = state_from_json(state_json.expect("state")).expect("state");
+    m.call_with(ctx, Acquire::State(checkpoint), |sb| async move {
+        assert_eq!(
+            read(&sb, path).await.as_deref(),
+            Some(expected),
+            "{path} in the checkpoint"
+        );
+    })
+    .await
+    .expect("the checkpoint restores");
+}
+
 fn branch(r: &CallReport) -> StartBranch {
     r.start.as_ref().expect("started").branch
 }
@@ -675,12 +695,7 @@ pub async fn hostile_snapshot_rejected(fx: &dyn Fixture) {
     assert!(!env.dir.path().join("escape.txt").exists());
 
     // The earlier snapshot (a checkpoint kept from call 1) still restores.
-    let checkpoint = state_from_json(r1.state_json.as_deref().expect("state")).expect("state");
-    m.call_with(&ctx, Acquire::State(checkpoint), |sb| async move {
-        assert_eq!(read(&sb, "v.txt").await.as_deref(), Some("v1\n"));
-    })
-    .await
-    .expect("previous snapshot restores");
+    checkpoint_holds(&m, &ctx, r1.state_json.as_deref(), "v.txt", "v1\n").await;
 }
 
 /// A snapshot that fails mid-way (a store that dies after some bytes) fails the call, leaves
@@ -1099,12 +1114,14 @@ pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
         .await
         .expect_err("tampered chunk");
     assert!(matches!(err, Error::RestoreIncomplete { .. }), "{err}");
-    let checkpoint = state_from_json(first.state_json.as_deref().expect("state")).expect("state");
-    r2.call_with(&ctx, Acquire::State(checkpoint), |sb| async move {
-        assert_eq!(read(&sb, "small.txt").await.as_deref(), Some("small\n"));
-    })
-    .await
-    .expect("earlier snapshot restores");
+    checkpoint_holds(
+        &r2,
+        &ctx,
+        first.state_json.as_deref(),
+        "small.txt",
+        "small\n",
+    )
+    .await;
 }
 
 /// Restoring a chunked snapshot into a box whose workspace still holds some of its files reads
@@ -1269,12 +1286,7 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
         assert_eq!(read(&sb, "v.txt").await.as_deref(), Some("v2\n"));
     })
     .await;
-    let second = state_from_json(&states[1]).expect("state");
-    m.call_with(&dave, Acquire::State(second), |sb| async move {
-        assert_eq!(read(&sb, "v.txt").await.as_deref(), Some("v1\n"));
-    })
-    .await
-    .expect("the second snapshot is kept and restores");
+    checkpoint_holds(&m, &dave, Some(&states[1]), "v.txt", "v1\n").await;
     call(&m, &erin, |sb| async move {
         assert!(read(&sb, "erin.bin").await.is_some());
     })
