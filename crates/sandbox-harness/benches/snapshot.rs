@@ -64,6 +64,21 @@ struct ChildResult {
     snapshot: Option<String>,
 }
 
+impl ChildResult {
+    /// A measurement that wrote nothing.
+    fn timed(ms: f64) -> Self {
+        ChildResult {
+            ms,
+            bytes_written: 0,
+            peak_rss_kib: 0,
+            unchanged: false,
+            files_hashed: 0,
+            manifest_bytes: 0,
+            snapshot: None,
+        }
+    }
+}
+
 struct Bench {
     root: PathBuf,
     exe: PathBuf,
@@ -330,15 +345,7 @@ impl Bench {
             report.chunk_bytes_freed,
             report.chunks_live
         );
-        let r = ChildResult {
-            ms: gc_ms,
-            bytes_written: 0,
-            peak_rss_kib: 0,
-            unchanged: false,
-            files_hashed: 0,
-            manifest_bytes: 0,
-            snapshot: None,
-        };
+        let r = ChildResult::timed(gc_ms);
         self.push(
             "*",
             "gc (mark + sweep)",
@@ -505,15 +512,7 @@ fn child(args: &[String]) {
                     .expect("restore");
                 let ms = ms(started.elapsed());
                 handle.destroy().await.expect("destroy");
-                ChildResult {
-                    ms,
-                    bytes_written: 0,
-                    peak_rss_kib: 0,
-                    unchanged: false,
-                    files_hashed: 0,
-                    manifest_bytes: 0,
-                    snapshot: None,
-                }
+                ChildResult::timed(ms)
             }
             other => panic!("unknown child op {other}"),
         }

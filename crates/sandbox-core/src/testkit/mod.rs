@@ -94,6 +94,17 @@ impl Env {
         SnapshotSpec::new(self.snapshots.clone())
     }
 
+    /// A manager over a new client of `fx` with the kit's spec and this scenario's snapshot
+    /// store (tar format).
+    pub async fn snapshotting(
+        &self,
+        fx: &dyn Fixture,
+        persistence: Persistence,
+        scope: IsolationScope,
+    ) -> SandboxManager {
+        self.manager(fx.client(persistence).await, scope, snap_config(self))
+    }
+
     /// A manager with file state, in-process guard, `scope` and `config`.
     pub fn manager(
         &self,
@@ -222,11 +233,9 @@ pub async fn state_round_trip(fx: &dyn Fixture) {
 /// D: a new box is initialized from the spec: files, directories, executables, env.
 pub async fn cold_start_applies_spec(fx: &dyn Fixture) {
     let env = Env::new();
-    let m = env.manager(
-        fx.client(Persistence::Ephemeral).await,
-        IsolationScope::Session,
-        snap_config(&env),
-    );
+    let m = env
+        .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
+        .await;
     let report = call(&m, &env.ctx().session("cold"), |sb| async move {
         assert_eq!(
             read(&sb, "README.md").await.as_deref(),
@@ -251,11 +260,9 @@ pub async fn cold_start_applies_spec(fx: &dyn Fixture) {
 /// A: a kept box warm-starts; only ephemeral entries are re-applied.
 pub async fn warm_start_reapplies_only_ephemeral(fx: &dyn Fixture) {
     let env = Env::new();
-    let m = env.manager(
-        fx.client(Persistence::Keep).await,
-        IsolationScope::Session,
-        snap_config(&env),
-    );
+    let m = env
+        .snapshotting(fx, Persistence::Keep, IsolationScope::Session)
+        .await;
     let ctx = env.ctx().session("warm");
     call(&m, &ctx, |sb| async move {
         sh(
@@ -287,11 +294,9 @@ pub async fn warm_start_reapplies_only_ephemeral(fx: &dyn Fixture) {
 /// B: an ephemeral box is gone after release; the next call restores it from the snapshot.
 pub async fn restore_after_release(fx: &dyn Fixture) {
     let env = Env::new();
-    let m = env.manager(
-        fx.client(Persistence::Ephemeral).await,
-        IsolationScope::Session,
-        snap_config(&env),
-    );
+    let m = env
+        .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
+        .await;
     let ctx = env.ctx().session("restore");
     call(&m, &ctx, |sb| async move {
         sh(&sb, "mkdir -p deep/dir && echo v1 > deep/dir/f.txt && echo edited > README.md && ln -s deep/dir/f.txt link && echo tampered > run/token").await;
@@ -312,11 +317,9 @@ pub async fn restore_after_release(fx: &dyn Fixture) {
 /// report says so.
 pub async fn restore_after_external_loss(fx: &dyn Fixture) {
     let env = Env::new();
-    let m = env.manager(
-        fx.client(Persistence::Keep).await,
-        IsolationScope::Session,
-        snap_config(&env),
-    );
+    let m = env
+        .snapshotting(fx, Persistence::Keep, IsolationScope::Session)
+        .await;
     let ctx = env.ctx().session("lost");
     let r1 = call(&m, &ctx, |sb| async move {
         sh(&sb, "echo survived > s.txt").await;
@@ -383,20 +386,16 @@ pub async fn restore_all_and_cold_note(fx: &dyn Fixture) {
 pub async fn second_replica_restores(fx: &dyn Fixture) {
     let env = Env::new();
     let ctx = env.ctx().user("alice").session("s1");
-    let m1 = env.manager(
-        fx.client(Persistence::Ephemeral).await,
-        IsolationScope::User,
-        snap_config(&env),
-    );
+    let m1 = env
+        .snapshotting(fx, Persistence::Ephemeral, IsolationScope::User)
+        .await;
     call(&m1, &ctx, |sb| async move {
         sh(&sb, "echo from-replica-1 > shared.txt").await;
     })
     .await;
-    let m2 = env.manager(
-        fx.client(Persistence::Ephemeral).await,
-        IsolationScope::User,
-        snap_config(&env),
-    );
+    let m2 = env
+        .snapshotting(fx, Persistence::Ephemeral, IsolationScope::User)
+        .await;
     let r = call(
         &m2,
         &env.ctx().user("alice").session("s2"),
@@ -649,11 +648,9 @@ pub async fn exec_basics(fx: &dyn Fixture) {
 /// start), the stored state is left alone, and the previous snapshot still restores.
 pub async fn hostile_snapshot_rejected(fx: &dyn Fixture) {
     let env = Env::new();
-    let m = env.manager(
-        fx.client(Persistence::Ephemeral).await,
-        IsolationScope::Session,
-        snap_config(&env),
-    );
+    let m = env
+        .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
+        .await;
     let ctx = env.ctx().session("hostile");
     let r1 = call(&m, &ctx, |sb| async move {
         sh(&sb, "echo v1 > v.txt").await;
@@ -744,11 +741,9 @@ pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
 /// overwritten.
 pub async fn bad_state_is_a_typed_error(fx: &dyn Fixture) {
     let env = Env::new();
-    let m = env.manager(
-        fx.client(Persistence::Ephemeral).await,
-        IsolationScope::Session,
-        snap_config(&env),
-    );
+    let m = env
+        .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
+        .await;
     let ctx = env.ctx().session("bad");
     let key = IsolationKey::resolve(IsolationScope::Session, &ctx).expect("key");
     for (json, check) in [
@@ -824,11 +819,9 @@ pub async fn user_managed_sandbox_is_shared(fx: &dyn Fixture) {
 /// The post-call steps run when the closure panics and when the call is cancelled.
 pub async fn panic_and_cancel_still_persist(fx: &dyn Fixture) {
     let env = Env::new();
-    let m = env.manager(
-        fx.client(Persistence::Ephemeral).await,
-        IsolationScope::Session,
-        snap_config(&env),
-    );
+    let m = env
+        .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
+        .await;
     let ctx = env.ctx().session("panic");
     let m2 = m.clone();
     let ctx2 = ctx.clone();
