@@ -2,6 +2,7 @@
 
 pub mod archive;
 mod backend;
+pub mod beneath;
 mod error;
 mod exec;
 mod guard;
