@@ -32,6 +32,83 @@ pub struct Capabilities {
     /// restore read unchanged files from the live workspace instead of fetching them (an
     /// engine that locks the box during an upload cannot).
     pub concurrent_transfers: bool,
+    /// What `exec` honours. A request that needs a missing feature is refused with
+    /// [`Error::NotSupported`] by core before it reaches the backend, never half-run.
+    pub exec: ExecFeatures,
+}
+
+/// The parts of an [`ExecRequest`] a backend honours, and what it guarantees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ExecFeatures {
+    /// Per-request environment variables ([`ExecRequest::env`]).
+    pub env: bool,
+    /// A per-request working directory ([`ExecRequest::cwd`]).
+    pub cwd: bool,
+    /// Bytes fed to stdin ([`ExecRequest::stdin`]).
+    pub stdin: bool,
+    /// A timeout, a finished command or a cancelled call kills *every* process the command
+    /// started, including ones that left its process group (`setsid`, daemons). When `false`,
+    /// only the command's process group is killed.
+    pub tree_kill: bool,
+}
+
+impl ExecFeatures {
+    /// Every feature.
+    pub fn all() -> Self {
+        ExecFeatures {
+            env: true,
+            cwd: true,
+            stdin: true,
+            tree_kill: true,
+        }
+    }
+
+    /// Refuse `request` if it needs something missing here.
+    pub fn check(&self, backend: &'static str, request: &ExecRequest) -> Result<()> {
+        if !request.env.is_empty() && !self.env {
+            return Err(Error::NotSupported {
+                backend,
+                operation: "exec with environment variables",
+            });
+        }
+        if request.cwd.is_some() && !self.cwd {
+            return Err(Error::NotSupported {
+                backend,
+                operation: "exec with a working directory",
+            });
+        }
+        if request.stdin.is_some() && !self.stdin {
+            return Err(Error::NotSupported {
+                backend,
+                operation: "exec with stdin",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A box found by [`SandboxClient::list_owned`]: carries this deployment's owner mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OwnedBox {
+    /// The backend's id or name of the box (what [`SandboxClient::remove_owned`] takes).
+    pub id: String,
+    /// The isolation key string it was created for, if any.
+    pub key: Option<String>,
+    /// When it was created, ms since the epoch, if the backend records it.
+    pub created_unix_ms: Option<i64>,
+}
+
+impl OwnedBox {
+    /// A listed box.
+    pub fn new(id: impl Into<String>, key: Option<String>, created_unix_ms: Option<i64>) -> Self {
+        OwnedBox {
+            id: id.into(),
+            key,
+            created_unix_ms,
+        }
+    }
 }
 
 /// What happens to a self-managed box when a call releases it.
@@ -89,6 +166,14 @@ pub trait SandboxClient: Send + Sync + fmt::Debug + 'static {
 
     /// Remove every resource `state` describes. Removing what is already gone is not an error.
     async fn delete(&self, state: &dyn SandboxState) -> Result<()>;
+
+    /// Every box that carries this client's owner mark (labels, a marker file), whatever its
+    /// state: what one backend-independent `gc` walks ([`crate::SandboxManager::gc`]).
+    async fn list_owned(&self) -> Result<Vec<OwnedBox>>;
+
+    /// Remove the owned box `id` (from [`list_owned`](Self::list_owned)), checking the owner
+    /// mark again first. Removing what is already gone is not an error.
+    async fn remove_owned(&self, id: &str) -> Result<()>;
 }
 
 /// Kind of a tree entry.
@@ -194,6 +279,10 @@ pub trait BoxHandle: Send + Sync + fmt::Debug + 'static {
     /// End of a self-managed call: stop and keep ([`Persistence::Keep`]) or remove
     /// ([`Persistence::Ephemeral`]) according to the backend's configuration.
     async fn release(&self) -> Result<()>;
+
+    /// Stop the box but keep it, whatever the persistence: a call whose snapshot or state save
+    /// failed leaves its work here, for the next call on the key (or `gc`).
+    async fn park(&self) -> Result<()>;
 
     /// Remove the box and everything it holds, whatever the persistence.
     async fn destroy(&self) -> Result<()>;

@@ -69,6 +69,17 @@ pub enum Error {
         current: u64,
     },
 
+    /// The call's lease on its key was lost (it expired, or another holder took the key over)
+    /// while the call ran: the call stopped before writing anything and left the box to the
+    /// new holder.
+    #[error("the lease on {key} was lost: {reason}")]
+    LeaseLost {
+        /// The isolation key.
+        key: String,
+        /// How it was found out.
+        reason: String,
+    },
+
     /// An operation ran out of time.
     #[error("{operation} timed out after {after:?}")]
     Timeout {
@@ -184,7 +195,9 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::NotFound { .. } => ErrorKind::NotFound,
-            Error::Conflict { .. } | Error::StaleLease { .. } => ErrorKind::Conflict,
+            Error::Conflict { .. } | Error::StaleLease { .. } | Error::LeaseLost { .. } => {
+                ErrorKind::Conflict
+            }
             Error::Timeout { .. } => ErrorKind::Timeout,
             Error::InvalidInput { .. } | Error::PathEscape { .. } | Error::UnsafeArchive { .. } => {
                 ErrorKind::InvalidInput

@@ -137,6 +137,37 @@ impl IsolationKey {
         &self.key
     }
 
+    /// Read back a key string produced by [`as_str`](Self::as_str) (e.g. a name a store
+    /// listed). Anything else is [`Error::InvalidInput`](crate::Error::InvalidInput).
+    pub fn parse(key: &str) -> crate::Result<IsolationKey> {
+        let encoded = |c: &str| {
+            !c.is_empty()
+                && !c.starts_with('.')
+                && c.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-' | b'%'))
+        };
+        let parts: Vec<&str> = key.split('/').collect();
+        let scope = match parts.as_slice() {
+            ["global", GLOBAL_KEY] => Some(IsolationScope::Global),
+            ["agents", a, "shared"] if encoded(a) => Some(IsolationScope::Agent),
+            ["agents", a, "users", u] if encoded(a) && encoded(u) => Some(IsolationScope::User),
+            ["agents", a, "sessions", s] if encoded(a) && encoded(s) => {
+                Some(IsolationScope::Session)
+            }
+            _ => None,
+        };
+        match scope {
+            Some(scope) => Ok(IsolationKey {
+                scope,
+                key: key.to_owned(),
+            }),
+            None => Err(crate::Error::invalid(
+                "isolation key",
+                format!("`{key}` is not a key this library produces"),
+            )),
+        }
+    }
+
     /// A short, name-safe digest of the key (16 hex chars of SHA-256), for box names.
     pub fn digest(&self) -> String {
         use sha2::Digest as _;

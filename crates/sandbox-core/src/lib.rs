@@ -10,6 +10,7 @@ pub mod host;
 mod isolation;
 mod manager;
 mod path;
+mod reach;
 pub mod projection;
 mod sandbox;
 pub mod snapshot;
@@ -21,20 +22,25 @@ pub mod stream;
 pub mod testkit;
 
 pub use backend::{
-    BoxHandle, Capabilities, CreateRequest, EntryType, ExportRequest, ImportMode, Persistence,
-    SandboxClient, TreeEntry, not_supported,
+    BoxHandle, Capabilities, CreateRequest, EntryType, ExecFeatures, ExportRequest, ImportMode,
+    OwnedBox, Persistence, SandboxClient, TreeEntry, not_supported,
 };
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use exec::{
     CappedBuffer, Captured, CapturedOutput, Command, ExecRequest, ExecResult, OutputLimits,
     read_capped,
 };
-pub use guard::{InProcessGuard, Lease, LeaseHandle, NoopGuard, SandboxExecutionGuard};
+pub use guard::{
+    FileGuard, FileGuardOptions, InProcessGuard, Lease, LeaseHandle, NoopGuard,
+    SandboxExecutionGuard,
+};
 pub use isolation::{CallContext, GLOBAL_KEY, IsolationKey, IsolationScope, encode_component};
 pub use manager::{
-    Acquire, AcquiredFrom, ActiveCall, CallReport, Called, SandboxManager, SandboxManagerBuilder,
+    Acquire, AcquiredFrom, ActiveCall, BoxGcOptions, BoxGcReport, CallError, CallReport, Called,
+    DeleteReport, SandboxManager, SandboxManagerBuilder,
 };
 pub use path::RelPath;
+pub use reach::Reach;
 pub use projection::{Projection, ProjectionOutcome};
 pub use sandbox::{Sandbox, SandboxConfig, StartBranch, StartReport, StopReport};
 pub use snapshot::{

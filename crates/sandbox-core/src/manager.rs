@@ -1,13 +1,28 @@
 //! The call lifecycle, once: [`SandboxManager`].
 //!
 //! ```text
-//! resolve key → guard.enter(key) → acquire (1 external box · 2 external state · 3 stored state · 4 new)
-//!   → start (A/B/C/D + projection) → [the call] → stop (snapshot) → save state (fenced)
-//!   → shutdown (self-managed only) → lease released
+//! resolve key → guard.enter(key) → store.fence(key, token) → acquire (1 external box ·
+//!   2 external state · 3 stored state · 4 new) → start (A/B/C/D + projection)
+//!   → [the call] → stop (snapshot) → save state (fenced) → retention → release box → lease
 //! ```
 //!
-//! Priorities 1 and 2 bypass the guard and the state store: the caller manages concurrency and
-//! keeps the resulting state (returned in [`CallReport::state_json`]).
+//! What holds whatever happens (the invariants, also in ARCHITECTURE.md):
+//! - **I1** the stored state always points at a complete, restorable snapshot holding every
+//!   write of every call that returned success: a state is saved only after its snapshot is
+//!   complete, and older snapshots are retired only after that save (never the one it pins);
+//! - **I2** a call never touches another call's box: calls on one key are serialized by the
+//!   guard (the default, [`InProcessGuard::global`], serializes the process), and a call
+//!   whose lease is lost leaves the box alone;
+//! - **I4** a stale lease holder can neither save state nor delete snapshots: its token is
+//!   below the fence its successor registered, and it checks its lost signal before it writes;
+//! - **I5** once begun, the post-call steps run to completion even if every caller future is
+//!   dropped: acquire + start and the post-call steps each run on their own task, so a
+//!   cancelled caller never interrupts them half-way. A start whose caller is gone gives the
+//!   box and the lease back without saving anything.
+//!
+//! Priority 1 (a caller-provided box) bypasses the guard; priorities 1 and 2 never write the
+//! state store: the caller manages them and keeps the resulting state
+//! ([`CallReport::state_json`]).
 
 use std::fmt;
 use std::future::Future;
@@ -16,13 +31,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt as _;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::backend::SandboxClient;
 use crate::error::{Error, Result};
-use crate::guard::{Lease, NoopGuard, SandboxExecutionGuard};
+use crate::guard::{InProcessGuard, Lease, SandboxExecutionGuard};
 use crate::isolation::{CallContext, IsolationKey, IsolationScope};
+use crate::reach::Reach;
 use crate::sandbox::{Sandbox, SandboxConfig, StartReport, StopReport};
+use crate::snapshot::{self, SnapshotStoreExt as _};
 use crate::state::{SandboxState, state_from_json, state_to_json};
 use crate::state_store::{MemoryStateStore, StateStore};
 
@@ -34,10 +52,11 @@ pub enum Acquire {
     #[default]
     Auto,
     /// Use this started sandbox as is (priority 1). User-managed: the call stops it (snapshot)
-    /// but never shuts it down, and does not persist its state.
+    /// but never shuts it down, does not take the guard and does not persist its state.
     External(Arc<Sandbox>),
     /// Resume exactly this state, e.g. a checkpoint from an earlier call (priority 2).
-    /// Self-managed, but the state store is neither read nor written.
+    /// Self-managed (the key's guard is taken: the box is the key's), but the state store is
+    /// neither read nor written.
     State(Box<dyn SandboxState>),
 }
 
@@ -76,11 +95,15 @@ pub struct CallReport {
     pub acquire: Duration,
     /// What `start` did (none for an external sandbox, which is already started).
     pub start: Option<StartReport>,
-    /// What `stop` did.
+    /// What `stop` did (none if it failed or was skipped).
     pub stop: Option<StopReport>,
     /// Whether the state was saved to the state store.
     pub persisted: bool,
-    /// The box's final state JSON (what a caller keeps as a checkpoint).
+    /// The box was kept although its persistence would remove it, because its work could
+    /// not be saved: the next call on the key finds it (warm start), or `gc` removes it.
+    pub parked: bool,
+    /// The box's final state JSON (what a caller keeps as a checkpoint). Present even when a
+    /// later step failed.
     pub state_json: Option<String>,
     /// Wall time of the whole call.
     pub total: Duration,
@@ -94,6 +117,65 @@ pub struct Called<T> {
     pub value: T,
     /// What the lifecycle did.
     pub report: CallReport,
+}
+
+/// A call that failed somewhere in its lifecycle, with everything it still produced: the
+/// error, the report (with the state JSON, if the box's state could be serialized) and the
+/// closure's value (if the closure ran to its end).
+#[non_exhaustive]
+pub struct CallError<T = ()> {
+    /// The first error.
+    pub error: Error,
+    /// What the lifecycle did, when it got as far as the post-call steps.
+    pub report: Option<CallReport>,
+    /// What the closure returned, when it returned.
+    pub value: Option<T>,
+}
+
+impl<T> CallError<T> {
+    fn before_start(error: Error) -> Self {
+        CallError {
+            error,
+            report: None,
+            value: None,
+        }
+    }
+
+    fn with_value<U>(self, value: Option<U>) -> CallError<U> {
+        CallError {
+            error: self.error,
+            report: self.report,
+            value,
+        }
+    }
+}
+
+impl<T> fmt::Debug for CallError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallError")
+            .field("error", &self.error)
+            .field("report", &self.report)
+            .field("value", &self.value.as_ref().map(|_| ".."))
+            .finish()
+    }
+}
+
+impl<T> fmt::Display for CallError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<T> std::error::Error for CallError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<T> From<CallError<T>> for Error {
+    fn from(e: CallError<T>) -> Error {
+        e.error
+    }
 }
 
 /// Runs calls against sandboxes of one client, with one config, scope, state store and guard.
@@ -121,6 +203,17 @@ impl fmt::Debug for SandboxManager {
     }
 }
 
+/// What a set-up must be good for, checked by [`SandboxManagerBuilder::build`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Requirement {
+    /// Nothing checked.
+    None,
+    /// Survives a restart of this process, and is safe for every process of one host.
+    Durable,
+    /// Safe for many replicas on many hosts.
+    Distributed,
+}
+
 /// Builder for [`SandboxManager`].
 #[derive(Debug)]
 pub struct SandboxManagerBuilder {
@@ -129,6 +222,7 @@ pub struct SandboxManagerBuilder {
     guard: Arc<dyn SandboxExecutionGuard>,
     scope: IsolationScope,
     config: SandboxConfig,
+    require: Requirement,
 }
 
 impl SandboxManagerBuilder {
@@ -138,7 +232,8 @@ impl SandboxManagerBuilder {
         self
     }
 
-    /// The execution guard (default: none).
+    /// The execution guard (default: [`InProcessGuard::global`], which serializes calls on
+    /// one key within this process).
     pub fn guard(mut self, guard: Arc<dyn SandboxExecutionGuard>) -> Self {
         self.guard = guard;
         self
@@ -157,9 +252,28 @@ impl SandboxManagerBuilder {
         self
     }
 
-    /// Build.
-    pub fn build(self) -> SandboxManager {
-        SandboxManager {
+    /// Make [`build`](Self::build) refuse a set-up that loses work on a restart or when
+    /// several processes of this host share it: state kept in memory, snapshots kept nowhere,
+    /// or stores shared beyond what the guard serializes.
+    pub fn require_durable(mut self) -> Self {
+        self.require = self.require.max_with(Requirement::Durable);
+        self
+    }
+
+    /// Make [`build`](Self::build) refuse a set-up that is unsafe for replicas on several
+    /// hosts (the spec's `requireDistributed`): a guard, a state store and a snapshot store
+    /// that are not shared by every host.
+    pub fn require_distributed(mut self) -> Self {
+        self.require = Requirement::Distributed;
+        self
+    }
+
+    /// Build, checking the requirement set with [`require_durable`](Self::require_durable)
+    /// or [`require_distributed`](Self::require_distributed). The error
+    /// ([`Error::InvalidInput`]) names the part at fault.
+    pub fn build(self) -> Result<SandboxManager> {
+        self.check()?;
+        Ok(SandboxManager {
             inner: Arc::new(Inner {
                 client: self.client,
                 states: self.states,
@@ -167,8 +281,130 @@ impl SandboxManagerBuilder {
                 scope: self.scope,
                 config: self.config,
             }),
+        })
+    }
+
+    fn check(&self) -> Result<()> {
+        let need = match self.require {
+            Requirement::None => return Ok(()),
+            Requirement::Durable => Reach::Host,
+            Requirement::Distributed => Reach::Cluster,
+        };
+        let what = if self.require == Requirement::Distributed {
+            "distributed set-up"
+        } else {
+            "durable set-up"
+        };
+        let refuse = |reason: String| Err(Error::invalid(what, reason));
+        let states = self.states.reach();
+        if states < need {
+            return refuse(format!(
+                "the state store {} is shared by {states} only; it must be shared by {need}",
+                type_name(&*self.states)
+            ));
+        }
+        let snapshots = self.config.snapshots.store.reach();
+        if snapshots < need {
+            return refuse(format!(
+                "the snapshot store `{}` is shared by {snapshots}; it must be shared by {need}",
+                self.config.snapshots.store.name()
+            ));
+        }
+        let guard = self.guard.reach();
+        if guard < need.max(states) {
+            return refuse(format!(
+                "the guard {} serializes {guard} only, but the state store is shared by \
+                 {states}: calls on one key from other processes would share a box",
+                type_name(&*self.guard)
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Requirement {
+    fn max_with(self, other: Requirement) -> Requirement {
+        match (self, other) {
+            (Requirement::Distributed, _) | (_, Requirement::Distributed) => {
+                Requirement::Distributed
+            }
+            (Requirement::Durable, _) | (_, Requirement::Durable) => Requirement::Durable,
+            _ => Requirement::None,
         }
     }
+}
+
+fn type_name<T: ?Sized>(value: &T) -> &'static str {
+    std::any::type_name_of_val(value)
+}
+
+/// Options of [`SandboxManager::gc`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BoxGcOptions {
+    /// Boxes younger than this are never removed (also bounds how long a box without a key,
+    /// which has no lease to tell it is in use, is left alone). Default 1 h.
+    pub older_than: Duration,
+    /// Also collect the snapshot store ([`snapshot::gc`]) with these options.
+    pub snapshots: Option<snapshot::GcOptions>,
+    /// Report what would be removed without removing anything.
+    pub dry_run: bool,
+}
+
+impl Default for BoxGcOptions {
+    fn default() -> Self {
+        BoxGcOptions {
+            older_than: Duration::from_secs(3600),
+            snapshots: None,
+            dry_run: false,
+        }
+    }
+}
+
+impl BoxGcOptions {
+    /// Set the minimum age of a removed box.
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = age;
+        self
+    }
+
+    /// Collect the snapshot store too.
+    pub fn snapshots(mut self, options: snapshot::GcOptions) -> Self {
+        self.snapshots = Some(options);
+        self
+    }
+
+    /// Only report.
+    pub fn dry_run(mut self, dry_run: bool) -> Self {
+        self.dry_run = dry_run;
+        self
+    }
+}
+
+/// What [`SandboxManager::gc`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BoxGcReport {
+    /// Boxes removed (or that would be, in a dry run).
+    pub boxes_removed: Vec<String>,
+    /// Boxes left alone because a call holds their key.
+    pub boxes_in_use: usize,
+    /// Boxes left alone because a stored state describes their key, or they are too young.
+    pub boxes_kept: usize,
+    /// What the snapshot collection did, if asked.
+    pub snapshots: Option<snapshot::GcReport>,
+}
+
+/// What [`SandboxManager::delete`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeleteReport {
+    /// A stored state was removed.
+    pub state: bool,
+    /// Boxes removed.
+    pub boxes: usize,
+    /// Snapshots (manifests) removed; their chunks go at the next snapshot `gc`.
+    pub snapshots: usize,
 }
 
 impl SandboxManager {
@@ -177,9 +413,10 @@ impl SandboxManager {
         SandboxManagerBuilder {
             client,
             states: Arc::new(MemoryStateStore::new()),
-            guard: Arc::new(NoopGuard),
+            guard: Arc::new(InProcessGuard::global()),
             scope: IsolationScope::default(),
             config: SandboxConfig::default(),
+            require: Requirement::None,
         }
     }
 
@@ -198,6 +435,11 @@ impl SandboxManager {
         &self.inner.states
     }
 
+    /// The guard.
+    pub fn guard(&self) -> &Arc<dyn SandboxExecutionGuard> {
+        &self.inner.guard
+    }
+
     /// The sandbox config.
     pub fn config(&self) -> &SandboxConfig {
         &self.inner.config
@@ -211,9 +453,13 @@ impl SandboxManager {
     }
 
     /// Run `f` as one call with an automatically acquired sandbox. The post-call steps run
-    /// whatever `f` does: return, fail, panic (re-raised afterwards) or get cancelled (the steps
-    /// then run on a spawned task).
-    pub async fn call<F, Fut, T>(&self, ctx: &CallContext, f: F) -> Result<Called<T>>
+    /// whatever `f` does: return, panic (re-raised afterwards) or get cancelled (the steps
+    /// then run on a spawned task). If the call's lease is lost while `f` runs, `f` is
+    /// dropped and the call fails with [`Error::LeaseLost`] without touching the box again.
+    ///
+    /// A failure anywhere comes back as one [`CallError`] holding the error, the report (with
+    /// the state JSON) and `f`'s value, when there are any.
+    pub async fn call<F, Fut, T>(&self, ctx: &CallContext, f: F) -> Result<Called<T>, CallError<T>>
     where
         F: FnOnce(Arc<Sandbox>) -> Fut,
         Fut: Future<Output = T>,
@@ -227,109 +473,287 @@ impl SandboxManager {
         ctx: &CallContext,
         source: Acquire,
         f: F,
-    ) -> Result<Called<T>>
+    ) -> Result<Called<T>, CallError<T>>
     where
         F: FnOnce(Arc<Sandbox>) -> Fut,
         Fut: Future<Output = T>,
     {
-        let call = self.begin(ctx, source).await?;
-        let outcome = AssertUnwindSafe(f(call.sandbox().clone()))
-            .catch_unwind()
-            .await;
-        let report = call.finish().await;
+        let call = self
+            .begin(ctx, source)
+            .await
+            .map_err(CallError::before_start)?;
+        let lost = call.lost_signal();
+        let work = AssertUnwindSafe(f(call.sandbox().clone())).catch_unwind();
+        let outcome = tokio::select! {
+            biased;
+            () = lost.cancelled() => None,
+            outcome = work => Some(outcome),
+        };
+        let finished = call.finish().await;
         match outcome {
-            Ok(value) => Ok(Called {
-                value,
-                report: report?,
+            Some(Ok(value)) => match finished {
+                Ok(report) => Ok(Called { value, report }),
+                Err(e) => Err(e.with_value(Some(value))),
+            },
+            Some(Err(panic)) => std::panic::resume_unwind(panic),
+            None => Err(match finished {
+                Err(e) => e.with_value(None),
+                // Unreachable in practice: a lost lease makes `finish` fail.
+                Ok(report) => CallError {
+                    error: Error::LeaseLost {
+                        key: report.key.clone().unwrap_or_default(),
+                        reason: "lost while the call ran".into(),
+                    },
+                    report: Some(report),
+                    value: None,
+                },
             }),
-            Err(panic) => std::panic::resume_unwind(panic),
         }
     }
 
     /// Acquire and start a sandbox for a call; finish it with [`ActiveCall::finish`]. Dropping
     /// an unfinished `ActiveCall` runs the post-call steps on a spawned task.
+    ///
+    /// Acquire and start run on their own task: if this future is dropped half-way, the step
+    /// under way completes, then the box and the lease are given back without snapshotting or
+    /// saving anything (a cancelled start never persists a half-made workspace).
     pub async fn begin(&self, ctx: &CallContext, source: Acquire) -> Result<ActiveCall> {
         let key = IsolationKey::resolve(self.inner.scope, ctx);
         let span = tracing::info_span!("call", agent = %ctx.agent, key = key.as_ref().map_or("-", |k| k.as_str()), backend = self.inner.client.backend());
-        let started = Instant::now();
-        let (sandbox, from, lease) = self
-            .acquire(key.as_ref(), source)
-            .instrument(span.clone())
-            .await?;
-        let acquire = started.elapsed();
-        let mut call = ActiveCall {
-            inner: Some(CallInner {
-                manager: self.inner.clone(),
-                sandbox,
-                from,
-                key,
-                lease,
-                started,
-                acquire,
-                start: None,
-            }),
-            span: span.clone(),
-        };
-        if !from.user_managed() {
-            let inner = call.inner.as_mut().expect("fresh call");
-            match inner.sandbox.start().instrument(span).await {
-                Ok(report) => inner.start = Some(report),
-                Err(e) => {
-                    // Nothing happened in the box: release it without snapshotting or saving.
-                    let inner = call.inner.take().expect("fresh call");
-                    inner.abandon().await;
-                    return Err(e);
-                }
+        let manager = self.inner.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<Unclaimed>>();
+        let task = tokio::spawn(
+            async move {
+                let begun = begin_call(manager, key, source).await.map(Unclaimed::new);
+                // The caller's `Unclaimed` guard gives the box back if it is dropped unclaimed;
+                // so does this one if the caller is already gone.
+                drop(tx.send(begun));
             }
+            .instrument(span.clone()),
+        );
+        match rx.await {
+            Ok(begun) => Ok(ActiveCall {
+                inner: Some(begun?.claim()),
+                span,
+            }),
+            Err(_) => match task.await {
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                _ => Err(Error::backend(
+                    "core",
+                    "begin",
+                    "the task starting the call was cancelled (runtime shutting down)",
+                )),
+            },
         }
-        Ok(call)
     }
 
-    async fn acquire(
-        &self,
-        key: Option<&IsolationKey>,
-        source: Acquire,
-    ) -> Result<(Arc<Sandbox>, AcquiredFrom, Option<Lease>)> {
+    /// Remove everything of `ctx`'s key: the box (whatever its persistence), its snapshots and
+    /// its stored state. Takes the key's lease first, so it never pulls a box out from under a
+    /// running call. Chunks shared with other keys stay until the next snapshot `gc`.
+    pub async fn delete(&self, ctx: &CallContext) -> Result<DeleteReport> {
         let inner = &self.inner;
-        let started = Instant::now();
-        let result = match source {
-            Acquire::External(sandbox) => Ok((sandbox, AcquiredFrom::External, None)),
-            Acquire::State(state) => {
-                let sandbox =
-                    Sandbox::resume(&*inner.client, inner.config.clone(), &*state, key).await?;
-                Ok((Arc::new(sandbox), AcquiredFrom::ExternalState, None))
-            }
-            Acquire::Auto => {
-                let lease = match key {
-                    Some(k) => Some(inner.guard.enter(k).await?),
-                    None => None,
-                };
-                let stored = match key {
-                    Some(k) => inner.states.load(k).await?,
-                    None => None,
-                };
-                let (sandbox, from) = match stored {
-                    Some(json) => {
-                        // Malformed or unknown state is an error, never a silent fresh start.
-                        let state = state_from_json(&json)?;
-                        (
-                            Sandbox::resume(&*inner.client, inner.config.clone(), &*state, key)
-                                .await?,
-                            AcquiredFrom::StateStore,
-                        )
-                    }
-                    None => (
-                        Sandbox::create(&*inner.client, inner.config.clone(), key).await?,
-                        AcquiredFrom::New,
-                    ),
-                };
-                Ok((Arc::new(sandbox), from, lease))
-            }
-        };
-        if let Ok((_, from, _)) = &result {
-            tracing::info!(from = ?from, ms = started.elapsed().as_millis() as u64, "acquired");
+        let key = IsolationKey::resolve(inner.scope, ctx)
+            .ok_or_else(|| Error::invalid("call context", "resolves to no isolation key"))?;
+        let mut lease = inner.guard.enter(&key).await?;
+        let token = inner.states.fence(&key, lease.token()).await?;
+        lease.set_token(token);
+        let mut report = DeleteReport::default();
+        if let Some(json) = inner.states.load(&key).await? {
+            // An unreadable state is an error, never a reason to delete around it.
+            let state = state_from_json(&json)?;
+            inner.client.delete(&*state).await?;
+            report.state = true;
         }
-        result
+        for owned in inner.client.list_owned().await? {
+            if owned.key.as_deref() == Some(key.as_str()) {
+                inner.client.remove_owned(&owned.id).await?;
+                report.boxes += 1;
+            }
+        }
+        let store = &inner.config.snapshots.store;
+        for blob in store
+            .list_all(&format!("snapshots/{}/", key.digest()))
+            .await?
+        {
+            if lease.is_lost() {
+                return Err(lost(&key, "the lease was lost while deleting"));
+            }
+            if blob.key.as_str().ends_with(".manifest") {
+                report.snapshots += 1;
+            }
+            store.delete(&blob.key).await?;
+        }
+        inner.states.delete(&key, lease.token()).await?;
+        lease.release().await?;
+        tracing::info!(key = %key, ?report, "deleted");
+        Ok(report)
+    }
+
+    /// Remove leftover boxes of this client: every owned box ([`SandboxClient::list_owned`])
+    /// older than [`BoxGcOptions::older_than`] whose key no call holds (the guard is tried, not
+    /// waited for) and no stored state describes — boxes whose call crashed, or whose work
+    /// could not be saved and was never recovered. With [`BoxGcOptions::snapshots`], also
+    /// collect the snapshot store, never retiring a snapshot a stored state references.
+    pub async fn gc(&self, options: BoxGcOptions) -> Result<BoxGcReport> {
+        let inner = &self.inner;
+        let mut report = BoxGcReport::default();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let cutoff = now - options.older_than.as_millis() as i64;
+        for owned in inner.client.list_owned().await? {
+            if owned.created_unix_ms.is_none_or(|c| c > cutoff) {
+                report.boxes_kept += 1;
+                continue;
+            }
+            // Held while the box is removed, so no call can start on it meanwhile.
+            let _lease = match owned.key.as_deref().map(IsolationKey::parse) {
+                Some(Ok(key)) => match inner.guard.try_enter(&key).await? {
+                    None => {
+                        report.boxes_in_use += 1;
+                        continue;
+                    }
+                    Some(lease) if inner.states.load(&key).await?.is_some() => {
+                        drop(lease);
+                        report.boxes_kept += 1;
+                        continue;
+                    }
+                    Some(lease) => Some(lease),
+                },
+                Some(Err(e)) => {
+                    tracing::warn!(id = %owned.id, error = %e, "owned box with an unreadable key: left alone");
+                    report.boxes_kept += 1;
+                    continue;
+                }
+                None => None,
+            };
+            if !options.dry_run {
+                inner.client.remove_owned(&owned.id).await?;
+            }
+            tracing::info!(id = %owned.id, key = ?owned.key, dry_run = options.dry_run, "gc: box removed");
+            report.boxes_removed.push(owned.id);
+        }
+        if let Some(snapshot_options) = options.snapshots {
+            let spec = &inner.config.snapshots;
+            let mut snapshot_options = snapshot_options;
+            snapshot_options.dry_run |= options.dry_run;
+            report.snapshots = Some(
+                snapshot::gc(&*spec.store, &spec.policy, snapshot_options, &*inner.states).await?,
+            );
+        }
+        Ok(report)
+    }
+}
+
+fn lost(key: &IsolationKey, reason: &str) -> Error {
+    Error::LeaseLost {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Acquire (with the lease registered as the key's fence) and start.
+async fn begin_call(
+    manager: Arc<Inner>,
+    key: Option<IsolationKey>,
+    source: Acquire,
+) -> Result<CallInner> {
+    let started = Instant::now();
+    let (sandbox, from, lease) = acquire(&manager, key.as_ref(), source).await?;
+    let acquire = started.elapsed();
+    tracing::info!(from = ?from, ms = acquire.as_millis() as u64, "acquired");
+    let mut inner = CallInner {
+        manager,
+        sandbox,
+        from,
+        key,
+        lease,
+        started,
+        acquire,
+        start: None,
+    };
+    if !from.user_managed() {
+        match inner.sandbox.start().await {
+            Ok(report) => inner.start = Some(report),
+            Err(e) => {
+                // Nothing of the call happened in the box: give it back without saving.
+                inner.abandon().await;
+                return Err(e);
+            }
+        }
+    }
+    Ok(inner)
+}
+
+async fn acquire(
+    inner: &Inner,
+    key: Option<&IsolationKey>,
+    source: Acquire,
+) -> Result<(Arc<Sandbox>, AcquiredFrom, Option<Lease>)> {
+    let config = || inner.config.clone();
+    match source {
+        Acquire::External(sandbox) => Ok((sandbox, AcquiredFrom::External, None)),
+        Acquire::State(state) => {
+            // The box is the key's: serialize with other calls on it, but leave the store be.
+            let lease = match key {
+                Some(k) => Some(inner.guard.enter(k).await?),
+                None => None,
+            };
+            let sandbox = Sandbox::resume(&*inner.client, config(), &*state, key).await?;
+            Ok((Arc::new(sandbox), AcquiredFrom::ExternalState, lease))
+        }
+        Acquire::Auto => {
+            let Some(k) = key else {
+                let sandbox = Sandbox::create(&*inner.client, config(), None).await?;
+                return Ok((Arc::new(sandbox), AcquiredFrom::New, None));
+            };
+            let mut lease = inner.guard.enter(k).await?;
+            // Registered before the state is read: from now on no earlier holder can save.
+            let token = inner.states.fence(k, lease.token()).await?;
+            lease.set_token(token);
+            let (sandbox, from) = match inner.states.load(k).await? {
+                Some(json) => {
+                    // Malformed or unknown state is an error, never a silent fresh start.
+                    let state = state_from_json(&json)?;
+                    let sandbox = Sandbox::resume(&*inner.client, config(), &*state, key).await?;
+                    (sandbox, AcquiredFrom::StateStore)
+                }
+                None => (
+                    Sandbox::create(&*inner.client, config(), key).await?,
+                    AcquiredFrom::New,
+                ),
+            };
+            Ok((Arc::new(sandbox), from, Some(lease)))
+        }
+    }
+}
+
+/// A begun call not yet handed to its caller: dropped unclaimed (the caller went away), it
+/// gives the box and the lease back on a spawned task.
+struct Unclaimed(Option<CallInner>);
+
+impl Unclaimed {
+    fn new(inner: CallInner) -> Self {
+        Unclaimed(Some(inner))
+    }
+
+    fn claim(mut self) -> CallInner {
+        self.0.take().expect("claimed once")
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        let Some(inner) = self.0.take() else {
+            return;
+        };
+        tracing::warn!(key = ?inner.key, "call cancelled while starting: giving the box back without saving");
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(inner.abandon().in_current_span());
+            }
+            Err(_) => tracing::error!("no runtime to give back a cancelled call's box"),
+        }
     }
 }
 
@@ -375,11 +799,35 @@ impl ActiveCall {
         self.inner.as_ref().and_then(|i| i.start.as_ref())
     }
 
-    /// Stop (snapshot), persist the state, shut a self-managed box down, release the lease.
-    /// Every step that can run does run; the first error is returned.
-    pub async fn finish(mut self) -> Result<CallReport> {
+    /// Cancelled when the call's lease is lost (never, for a call without a lease): work on
+    /// the box must stop, it may already be another call's.
+    pub fn lost_signal(&self) -> CancellationToken {
+        self.inner
+            .as_ref()
+            .and_then(|i| i.lease.as_ref())
+            .map_or_else(CancellationToken::new, Lease::lost_signal)
+    }
+
+    /// Stop (snapshot), persist the state, retire older snapshots, release the box and the
+    /// lease. Runs on its own task: dropping this future does not interrupt it. Every step
+    /// that can run does run; the first error comes back with the report.
+    pub async fn finish(mut self) -> Result<CallReport, CallError> {
         let inner = self.inner.take().expect("finish runs once");
-        inner.finish().instrument(self.span.clone()).await
+        let task = tokio::spawn(inner.finish().instrument(self.span.clone()));
+        match task.await {
+            Ok((report, None)) => Ok(report),
+            Ok((report, Some(error))) => Err(CallError {
+                error,
+                report: Some(report),
+                value: None,
+            }),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(CallError::before_start(Error::backend(
+                "core",
+                "finish",
+                "the post-call task was cancelled (runtime shutting down)",
+            ))),
+        }
     }
 }
 
@@ -392,11 +840,14 @@ impl Drop for ActiveCall {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 let span = self.span.clone();
-                rt.spawn(async move {
-                    if let Err(e) = inner.finish().instrument(span).await {
-                        tracing::error!(error = %e, "post-call steps of a dropped call failed");
+                rt.spawn(
+                    async move {
+                        if let (_, Some(e)) = inner.finish().await {
+                            tracing::error!(error = %e, "post-call steps of a dropped call failed");
+                        }
                     }
-                });
+                    .instrument(span),
+                );
             }
             Err(_) => {
                 tracing::error!("no runtime to finish a dropped call: its state was not persisted")
@@ -406,99 +857,160 @@ impl Drop for ActiveCall {
 }
 
 impl CallInner {
-    async fn finish(mut self) -> Result<CallReport> {
+    fn lease_lost(&self) -> bool {
+        self.lease.as_ref().is_some_and(Lease::is_lost)
+    }
+
+    fn lost_error(&self, when: &str) -> Error {
+        Error::LeaseLost {
+            key: self.key.as_ref().map_or_else(String::new, ToString::to_string),
+            reason: format!("found out {when}; nothing was written and the box was left alone"),
+        }
+    }
+
+    async fn finish(mut self) -> (CallReport, Option<Error>) {
         let mut first_error: Option<Error> = None;
-        let mut keep = |r: Result<()>| {
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "post-call step failed");
-                first_error.get_or_insert(e);
-            }
+        let mut keep = |e: Error| {
+            tracing::warn!(error = %e, "post-call step failed");
+            first_error.get_or_insert(e);
         };
+        let mut report = CallReport {
+            key: self.key.as_ref().map(ToString::to_string),
+            acquired_from: self.from,
+            acquire: self.acquire,
+            start: self.start.take(),
+            stop: None,
+            persisted: false,
+            parked: false,
+            state_json: None,
+            total: Duration::ZERO,
+        };
+        let should_persist = !self.from.bypasses_store() && self.key.is_some();
+        if self.lease_lost() {
+            // The key is someone else's now, and so may the box be: touch neither.
+            keep(self.lost_error("before stopping"));
+            self.release_lease().await;
+            report.total = self.started.elapsed();
+            return (report, first_error);
+        }
         // 1. stop: snapshot.
-        let stop = match self.sandbox.stop().await {
-            Ok(r) => Some(r),
-            Err(e) => {
-                keep(Err(e));
-                None
-            }
-        };
-        let state_json = state_to_json(&*self.sandbox.state()).ok();
-        // 2. persist, only after a successful stop, so the stored state always points at a
+        match self.sandbox.stop().await {
+            Ok(r) => report.stop = Some(r),
+            Err(e) => keep(e),
+        }
+        match state_to_json(&*self.sandbox.state()) {
+            Ok(json) => report.state_json = Some(json),
+            Err(e) => keep(e),
+        }
+        // 2. persist, only after a successful stop: the stored state always points at a
         //    complete snapshot (the previous one, if this stop failed).
-        let mut persisted = false;
-        if stop.is_some()
-            && !self.from.bypasses_store()
-            && let (Some(key), Some(json)) = (&self.key, &state_json)
+        if let (true, Some(_), Some(json), Some(key)) =
+            (should_persist, &report.stop, &report.state_json, &self.key)
         {
-            let lost = self.lease.as_ref().is_some_and(Lease::is_lost);
-            let r = if lost {
-                Err(Error::Conflict {
-                    key: key.to_string(),
-                    reason: "the execution lease was lost during the call; state not saved".into(),
-                })
+            let r = if self.lease_lost() {
+                Err(self.lost_error("before saving the state"))
             } else {
                 let token = self.lease.as_ref().and_then(Lease::token);
                 self.manager.states.save(key, json, token).await
             };
-            persisted = r.is_ok();
-            if persisted {
-                tracing::info!(key = %key, "state persisted");
+            match r {
+                Ok(()) => {
+                    report.persisted = true;
+                    tracing::info!(key = %key, "state persisted");
+                }
+                Err(e) => {
+                    if matches!(e, Error::StaleLease { .. })
+                        && let Some(lease) = &self.lease
+                    {
+                        lease.mark_lost();
+                    }
+                    keep(e);
+                }
             }
-            keep(r);
         }
-        // 3. shutdown: self-managed boxes only; a box without a key can never be found again.
+        // 3. retention, only once a state pins the new snapshot and only while the lease holds.
+        if report.persisted {
+            self.retire_older_snapshots(report.stop.as_ref()).await;
+        }
+        // 4. the box: a call whose work was not saved keeps it.
         if !self.from.user_managed() {
-            let started = Instant::now();
-            let r = if self.key.is_none() {
-                self.sandbox.destroy().await
+            if self.lease_lost() {
+                keep(self.lost_error("before releasing the box"));
             } else {
-                self.sandbox.shutdown().await
-            };
-            if r.is_ok() {
-                tracing::info!(ms = started.elapsed().as_millis() as u64, "box released");
+                let unsaved = report.stop.is_none() || (should_persist && !report.persisted);
+                let started = Instant::now();
+                let r = if unsaved {
+                    tracing::warn!(key = ?self.key, "the call's work was not saved: keeping its box for the next call on the key (or gc)");
+                    report.parked = true;
+                    self.sandbox.park().await
+                } else if self.key.is_none() {
+                    self.sandbox.destroy().await
+                } else {
+                    self.sandbox.shutdown().await
+                };
+                match r {
+                    Ok(()) => {
+                        tracing::info!(ms = started.elapsed().as_millis() as u64, parked = report.parked, "box released")
+                    }
+                    Err(e) => keep(e),
+                }
             }
-            keep(r);
         }
-        // 4. release the lease.
-        if let Some(mut lease) = self.lease.take() {
-            lease.release();
-            tracing::debug!("lease released");
+        // 5. the lease.
+        self.release_lease().await;
+        report.total = self.started.elapsed();
+        if should_persist && !report.persisted {
+            tracing::warn!(key = ?report.key, "the call's state was NOT persisted: the next call on this key starts from the previous state");
         }
-        let report = CallReport {
-            key: self.key.as_ref().map(|k| k.to_string()),
-            acquired_from: self.from,
-            acquire: self.acquire,
-            start: self.start.take(),
-            stop,
-            persisted,
-            state_json,
-            total: self.started.elapsed(),
-        };
         tracing::info!(
-            persisted,
+            persisted = report.persisted,
             ms = report.total.as_millis() as u64,
             "call finished"
         );
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(report),
+        (report, first_error)
+    }
+
+    /// Delete the namespace's snapshots beyond the retention, never the one just saved.
+    async fn retire_older_snapshots(&self, stop: Option<&StopReport>) {
+        let spec = &self.manager.config.snapshots;
+        let Some(snap) = stop.filter(|s| !s.unchanged).and_then(|s| s.snapshot.as_ref()) else {
+            return;
+        };
+        let Some(ns) = snap.namespace() else {
+            return;
+        };
+        if spec.keep_last == 0 || self.lease_lost() {
+            return;
+        }
+        let pinned = std::collections::HashSet::from([snap.manifest.as_str().to_owned()]);
+        if let Err(e) = snapshot::retain(&*spec.store, ns, spec.keep_last, &pinned).await {
+            // Housekeeping: the snapshot and the state are complete.
+            tracing::warn!(error = %e, namespace = %ns, "snapshot retention failed");
         }
     }
 
-    /// Start failed: release the box and the lease without touching state.
+    async fn release_lease(&mut self) {
+        if let Some(lease) = self.lease.take()
+            && let Err(e) = lease.release().await
+        {
+            tracing::warn!(error = %e, "releasing the lease failed; it expires by itself");
+        }
+    }
+
+    /// Start failed, or the caller left before the call began: give the box and the lease
+    /// back without snapshotting or saving. A box with a key is parked, not removed: it may
+    /// hold an earlier call's unsaved work.
     async fn abandon(mut self) {
-        if !self.from.user_managed() {
+        if !self.from.user_managed() && !self.lease_lost() {
             let r = if self.key.is_none() {
                 self.sandbox.destroy().await
             } else {
-                self.sandbox.shutdown().await
+                self.sandbox.park().await
             };
             if let Err(e) = r {
-                tracing::warn!(error = %e, "releasing a box whose start failed");
+                tracing::warn!(error = %e, "giving back a box whose call did not begin");
             }
         }
-        if let Some(mut lease) = self.lease.take() {
-            lease.release();
-        }
+        self.release_lease().await;
     }
 }

@@ -251,8 +251,11 @@ impl Sandbox {
         state
     }
 
-    /// Run a command in the box.
+    /// Run a command in the box. A request that needs something the backend does not honour
+    /// ([`crate::ExecFeatures`]) is refused with [`crate::Error::NotSupported`], never run
+    /// without it.
     pub async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
+        self.capabilities.exec.check(self.backend(), &request)?;
         let span = tracing::info_span!("exec", backend = self.backend(), key = self.key_str(), command = ?request.command);
         async {
             let started = Instant::now();
@@ -338,10 +341,14 @@ impl Sandbox {
                 bytes_written: 0,
                 duration: Duration::ZERO,
             };
-            if self.config.snapshots.enabled() {
-                let common = self.common();
+            let common = self.common();
+            let namespace = self.namespace(&common);
+            if self.config.snapshots.enabled() && namespace.is_none() {
+                tracing::debug!("no isolation key and no earlier snapshot: nothing could find a snapshot, none taken");
+            }
+            if let (true, Some(namespace)) = (self.config.snapshots.enabled(), namespace) {
                 let request = TakeRequest {
-                    namespace: self.namespace(&common),
+                    namespace,
                     exclude: self.config.spec.unarchived_paths(),
                     exclude_globs: self.config.spec.snapshot_excludes.clone(),
                     projection_hash: common.projection_hash().map(str::to_owned),
@@ -379,6 +386,13 @@ impl Sandbox {
         self.handle.release().await
     }
 
+    /// Stop the box but keep it whatever the persistence (its work was not saved: the next
+    /// call on the key, or `gc`, finds it).
+    pub async fn park(&self) -> Result<()> {
+        let _serial = self.lifecycle.lock().await;
+        self.handle.park().await
+    }
+
     /// Remove the box whatever the persistence.
     pub async fn destroy(&self) -> Result<()> {
         let _serial = self.lifecycle.lock().await;
@@ -386,19 +400,17 @@ impl Sandbox {
     }
 
     /// Snapshot namespace: the isolation key's digest, else the one the box's snapshots already
-    /// use, else a new one for this box.
-    fn namespace(&self, common: &CommonState) -> String {
+    /// use (a resumed checkpoint's). `None` for a box nothing could find again: it takes no
+    /// snapshot, so none is left unreachable.
+    fn namespace(&self, common: &CommonState) -> Option<String> {
         if let Some(key) = &self.key {
-            return key.digest();
+            return Some(key.digest());
         }
-        if let Some(ns) = common
+        common
             .snapshot
             .as_ref()
-            .and_then(|s| s.manifest.as_str().split('/').nth(1))
-        {
-            return ns.to_owned();
-        }
-        format!("unkeyed-{}", uuid::Uuid::new_v4().simple())
+            .and_then(SnapshotRef::namespace)
+            .map(str::to_owned)
     }
 
     /// The parent for change detection: the in-memory baseline if it describes the state's

@@ -1,9 +1,12 @@
 //! Where box state JSON lives between calls, keyed by [`IsolationKey`]: the [`StateStore`]
 //! contract with in-memory and file-backed editions.
 //!
-//! Saves carry the writer's fencing token (from its guard lease). A store remembers the newest
-//! token it has seen per key and refuses older ones with [`Error::StaleLease`], so a replica
-//! whose lease expired can never overwrite what a newer holder wrote.
+//! **Fencing.** Each key has a fence: the highest fencing token registered for it. A new
+//! holder registers its lease's token with [`StateStore::fence`] *before* it reads the state
+//! (a guard without tokens lets the store number the holder instead); from then on every save
+//! or delete with a lower token, or with none, is refused with [`Error::StaleLease`]. So a
+//! holder whose lease expired can never overwrite what its successor reads or writes, even if
+//! the successor has not saved yet.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -16,19 +19,35 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::isolation::IsolationKey;
+use crate::reach::Reach;
 
-/// Persists box state JSON per isolation key.
+/// Persists box state JSON per isolation key, fenced (see the module docs).
 #[async_trait]
 pub trait StateStore: Send + Sync + fmt::Debug + 'static {
     /// The state JSON saved under `key`, if any.
     async fn load(&self, key: &IsolationKey) -> Result<Option<String>>;
 
-    /// Save `state_json` under `key`. With `fence`, refuse ([`Error::StaleLease`]) when a save
-    /// with a newer fencing token has already happened; record `fence` otherwise.
+    /// Register a new holder of `key` and return the token its writes must carry. With
+    /// `granted` (the token its guard issued), raise the key's fence to it — refused with
+    /// [`Error::StaleLease`] if the fence is already higher (a newer holder registered
+    /// first). Without, issue the next token (one above the fence) and raise the fence to it.
+    async fn fence(&self, key: &IsolationKey, granted: Option<u64>) -> Result<u64>;
+
+    /// Save `state_json` under `key`. Refused ([`Error::StaleLease`]) when `fence` is below the
+    /// key's fence, or absent while the key has one.
     async fn save(&self, key: &IsolationKey, state_json: &str, fence: Option<u64>) -> Result<()>;
 
-    /// Remove the state under `key`; a missing key is not an error.
-    async fn delete(&self, key: &IsolationKey) -> Result<()>;
+    /// Remove the state under `key` (its fence stays), under the same fencing rule as
+    /// [`save`](Self::save); a missing state is not an error.
+    async fn delete(&self, key: &IsolationKey, fence: Option<u64>) -> Result<()>;
+
+    /// The keys holding a state whose key string starts with `prefix` (`""` for all), in no
+    /// particular order.
+    async fn list(&self, prefix: &str) -> Result<Vec<IsolationKey>>;
+
+    /// Who can see the same states: [`Reach::Process`] (memory), [`Reach::Host`] (files),
+    /// [`Reach::Cluster`] (a shared service).
+    fn reach(&self) -> Reach;
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -38,14 +57,33 @@ struct Slot {
     state: Option<String>,
 }
 
-fn check_fence(key: &IsolationKey, slot: &Slot, fence: Option<u64>) -> Result<()> {
-    match (slot.fence, fence) {
-        (Some(current), Some(token)) if token < current => Err(Error::StaleLease {
-            key: key.to_string(),
-            token,
-            current,
-        }),
-        _ => Ok(()),
+impl Slot {
+    fn check(&self, key: &IsolationKey, fence: Option<u64>) -> Result<()> {
+        match (self.fence, fence) {
+            (Some(current), token) if token.is_none_or(|t| t < current) => Err(Error::StaleLease {
+                key: key.to_string(),
+                token: token.unwrap_or(0),
+                current,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn register(&mut self, key: &IsolationKey, granted: Option<u64>) -> Result<u64> {
+        let current = self.fence.unwrap_or(0);
+        let token = match granted {
+            Some(t) if t < current => {
+                return Err(Error::StaleLease {
+                    key: key.to_string(),
+                    token: t,
+                    current,
+                });
+            }
+            Some(t) => t,
+            None => current + 1,
+        };
+        self.fence = Some(token);
+        Ok(token)
     }
 }
 
@@ -73,20 +111,40 @@ impl StateStore for MemoryStateStore {
             .and_then(|s| s.state.clone()))
     }
 
+    async fn fence(&self, key: &IsolationKey, granted: Option<u64>) -> Result<u64> {
+        let mut slots = self.slots.lock().expect("state lock");
+        slots.entry(key.clone()).or_default().register(key, granted)
+    }
+
     async fn save(&self, key: &IsolationKey, state_json: &str, fence: Option<u64>) -> Result<()> {
         let mut slots = self.slots.lock().expect("state lock");
         let slot = slots.entry(key.clone()).or_default();
-        check_fence(key, slot, fence)?;
-        slot.fence = fence.or(slot.fence);
+        slot.check(key, fence)?;
         slot.state = Some(state_json.to_owned());
         Ok(())
     }
 
-    async fn delete(&self, key: &IsolationKey) -> Result<()> {
+    async fn delete(&self, key: &IsolationKey, fence: Option<u64>) -> Result<()> {
         if let Some(slot) = self.slots.lock().expect("state lock").get_mut(key) {
+            slot.check(key, fence)?;
             slot.state = None; // the fence survives deletion
         }
         Ok(())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<IsolationKey>> {
+        Ok(self
+            .slots
+            .lock()
+            .expect("state lock")
+            .iter()
+            .filter(|(k, slot)| slot.state.is_some() && k.as_str().starts_with(prefix))
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+
+    fn reach(&self) -> Reach {
+        Reach::Process
     }
 }
 
@@ -169,13 +227,24 @@ impl StateStore for FileStateStore {
             .await
     }
 
+    async fn fence(&self, key: &IsolationKey, granted: Option<u64>) -> Result<u64> {
+        self.blocking(key, move |path, key| {
+            with_lock(path, || {
+                let mut slot = read_slot(path)?;
+                let token = slot.register(key, granted)?;
+                write_atomic(path, &serde_json::to_vec(&slot).expect("slot serializes"))?;
+                Ok(token)
+            })
+        })
+        .await
+    }
+
     async fn save(&self, key: &IsolationKey, state_json: &str, fence: Option<u64>) -> Result<()> {
         let state_json = state_json.to_owned();
         self.blocking(key, move |path, key| {
             with_lock(path, || {
                 let mut slot = read_slot(path)?;
-                check_fence(key, &slot, fence)?;
-                slot.fence = fence.or(slot.fence);
+                slot.check(key, fence)?;
                 slot.state = Some(state_json);
                 write_atomic(path, &serde_json::to_vec(&slot).expect("slot serializes"))
             })
@@ -183,19 +252,72 @@ impl StateStore for FileStateStore {
         .await
     }
 
-    async fn delete(&self, key: &IsolationKey) -> Result<()> {
-        self.blocking(key, |path, _| {
+    async fn delete(&self, key: &IsolationKey, fence: Option<u64>) -> Result<()> {
+        self.blocking(key, move |path, key| {
             if !path.exists() {
                 return Ok(());
             }
             with_lock(path, || {
                 let mut slot = read_slot(path)?;
+                slot.check(key, fence)?;
                 slot.state = None;
                 write_atomic(path, &serde_json::to_vec(&slot).expect("slot serializes"))
             })
         })
         .await
     }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<IsolationKey>> {
+        let dir = self.dir.clone();
+        let prefix = prefix.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            list_dir(&dir, &dir, &prefix, &mut out)?;
+            Ok(out)
+        })
+        .await
+        .map_err(|e| Error::backend("file-state", "state store", e.to_string()))?
+    }
+
+    fn reach(&self) -> Reach {
+        Reach::Host
+    }
+}
+
+/// Collect the keys of state files under `dir` that hold a state.
+fn list_dir(root: &Path, dir: &Path, prefix: &str, out: &mut Vec<IsolationKey>) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let path = entry.path();
+        let ft = entry.file_type().map_err(|e| Error::io(&path, e))?;
+        if ft.is_dir() {
+            list_dir(root, &path, prefix, out)?;
+            continue;
+        }
+        let Some(rel) = path
+            .strip_prefix(root)
+            .ok()
+            .and_then(|r| r.to_str())
+            .and_then(|r| r.strip_suffix(".json"))
+        else {
+            continue;
+        };
+        if !rel.starts_with(prefix) {
+            continue;
+        }
+        let Ok(key) = IsolationKey::parse(rel) else {
+            continue; // not a state file of ours
+        };
+        if read_slot(&path)?.state.is_some() {
+            out.push(key);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -210,7 +332,9 @@ mod tests {
     async fn contract(store: &dyn StateStore) {
         let (alice, bob) = (key("alice"), key("bob"));
         assert_eq!(store.load(&alice).await.unwrap(), None);
+        assert_eq!(store.fence(&alice, Some(5)).await.unwrap(), 5);
         store.save(&alice, "{\"v\":1}", Some(5)).await.unwrap();
+        // An unfenced key takes saves without a token.
         store.save(&bob, "{\"v\":9}", None).await.unwrap();
         assert_eq!(
             store.load(&alice).await.unwrap().as_deref(),
@@ -233,9 +357,30 @@ mod tests {
             Some("{\"v\":1}"),
             "stale save lost nothing"
         );
-        store.save(&alice, "{\"v\":2}", Some(6)).await.unwrap();
-        store.delete(&alice).await.unwrap();
+        assert!(
+            matches!(store.save(&alice, "{}", None).await, Err(Error::StaleLease { .. })),
+            "a fenced key refuses a save without a token"
+        );
+        // A newer holder registers before it reads: from then on the old token is refused,
+        // even though the newer holder has not saved anything yet.
+        assert!(matches!(
+            store.fence(&alice, Some(4)).await,
+            Err(Error::StaleLease { .. })
+        ));
+        assert_eq!(store.fence(&alice, Some(6)).await.unwrap(), 6);
+        assert!(store.save(&alice, "{\"v\":3}", Some(5)).await.is_err());
+        // A guard without tokens: the store numbers the holders.
+        assert_eq!(store.fence(&alice, None).await.unwrap(), 7);
+        assert!(store.save(&alice, "{\"v\":3}", Some(6)).await.is_err());
+        store.save(&alice, "{\"v\":2}", Some(7)).await.unwrap();
+        assert!(store.delete(&alice, Some(6)).await.is_err(), "a stale delete is refused");
+        let mut listed: Vec<String> = store.list("").await.unwrap().iter().map(|k| k.to_string()).collect();
+        listed.sort();
+        assert_eq!(listed, vec![alice.to_string(), bob.to_string()]);
+        assert_eq!(store.list("agents/a/users/b").await.unwrap(), vec![bob.clone()]);
+        store.delete(&alice, Some(7)).await.unwrap();
         assert_eq!(store.load(&alice).await.unwrap(), None);
+        assert_eq!(store.list("").await.unwrap(), vec![bob.clone()], "deleted states are not listed");
         assert!(
             store.save(&alice, "{}", Some(5)).await.is_err(),
             "fence survives delete"

@@ -26,7 +26,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use super::manifest::{ChunkRef, Manifest};
-use super::{Plan, SnapshotSpec, TakeContext, chunk_key};
+use super::{Plan, SnapshotSpec, SnapshotStoreExt as _, TakeContext, chunk_key};
 use crate::archive::{self, ArchivePolicy, Checked};
 use crate::backend::{BoxHandle, EntryType};
 use crate::error::{Error, Result};
@@ -93,7 +93,7 @@ pub(super) async fn take(
             let store = store.clone();
             async move {
                 let len = data.len() as u64;
-                store.put(&chunk_key(&hash)?, stream::once(data)).await?;
+                store.put_bytes(&chunk_key(&hash)?, data).await?;
                 Ok::<u64, Error>(len)
             }
         })

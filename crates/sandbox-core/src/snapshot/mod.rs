@@ -22,9 +22,9 @@
 //!
 //! Blob layout in a [`SnapshotStore`]: `snapshots/<namespace>/<id>.manifest`,
 //! `snapshots/<namespace>/<id>.tar` (tar format), `chunks/<aa>/<hash>` (chunked format). The
-//! namespace is the isolation key's digest (`unkeyed` for boxes without a key); retention keeps
-//! the newest [`SnapshotSpec::keep_last`] manifests per namespace, and [`gc`] sweeps
-//! unreferenced chunks.
+//! namespace is the isolation key's digest (a call without a key takes no snapshot: nothing
+//! could find it again); retention keeps the newest [`SnapshotSpec::keep_last`] manifests per
+//! namespace and the one the stored state references, and [`gc`] sweeps unreferenced chunks.
 
 mod chunked;
 mod gc;
@@ -37,9 +37,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use gc::retain;
 pub use gc::{GcOptions, GcReport, gc};
 pub use manifest::{ArchiveInfo, ChunkRef, Header, MANIFEST_VERSION, Manifest, ManifestEntry};
-pub use store::{BlobKey, BlobMeta, LocalDirSnapshotStore, NoopSnapshotStore, SnapshotStore};
+pub use store::{
+    BlobKey, BlobMeta, BlobStream, LocalDirSnapshotStore, NoopSnapshotStore, SnapshotStore,
+    SnapshotStoreExt,
+};
 
 use crate::archive::{ArchivePolicy, Excludes};
 use crate::backend::{BoxHandle, EntryType, TreeEntry};
@@ -194,7 +198,7 @@ impl SnapshotSpec {
 
     /// Whether snapshots are kept at all.
     pub fn enabled(&self) -> bool {
-        self.store.persists()
+        self.store.reach() != crate::reach::Reach::None
     }
 }
 
@@ -263,7 +267,9 @@ pub struct TakeOutcome {
     pub bytes_written: u64,
 }
 
-/// Archive the workspace of `handle` into the store, or find that nothing changed.
+/// Archive the workspace of `handle` into the store, or find that nothing changed. Retention
+/// is not applied here: the manager retires older snapshots only after a state pointing at the
+/// new one was saved.
 pub async fn take(
     handle: &dyn BoxHandle,
     spec: &SnapshotSpec,
@@ -349,7 +355,7 @@ pub async fn take(
     let manifest_key = manifest_key(ns, &id)?;
     let manifest_blake3 = blake3::hash(&bytes).to_hex().to_string();
     let manifest_size = bytes.len() as u64;
-    spec.store.put(&manifest_key, stream::once(bytes)).await?;
+    spec.store.put_bytes(&manifest_key, bytes.into()).await?;
     let snapshot = SnapshotRef {
         id,
         format: spec.format,
@@ -361,12 +367,6 @@ pub async fn take(
         parent: manifest.header.parent.clone(),
         projection_hash: request.projection_hash,
     };
-    if spec.keep_last > 0
-        && let Err(e) = gc::retain(&*spec.store, ns, spec.keep_last).await
-    {
-        // Retention is housekeeping: the snapshot itself is complete.
-        tracing::warn!(error = %e, namespace = %ns, "snapshot retention failed");
-    }
     Ok(TakeOutcome {
         bytes_written: snapshot.size,
         snapshot,
@@ -644,6 +644,13 @@ impl TakeContext<'_> {
             entries,
             archive,
         }
+    }
+}
+
+impl SnapshotRef {
+    /// The namespace the snapshot lives in (`snapshots/<namespace>/<id>.manifest`).
+    pub fn namespace(&self) -> Option<&str> {
+        self.manifest.as_str().split('/').nth(1)
     }
 }
 

@@ -8,11 +8,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
 use crate::error::{Error, Result};
+use crate::reach::Reach;
 use crate::stream::{self, ByteStream};
+
+/// What [`SnapshotStore::list`] yields: the blobs under a prefix, fetched a page at a time.
+pub type BlobStream = BoxStream<'static, Result<BlobMeta>>;
 
 /// The name of a blob in a [`SnapshotStore`].
 ///
@@ -100,14 +105,15 @@ pub trait SnapshotStore: Send + Sync + fmt::Debug + 'static {
     /// Short name for logs and errors ("local", "redis", "s3").
     fn name(&self) -> &'static str;
 
-    /// Whether anything written is kept. `false` for [`NoopSnapshotStore`]: callers skip
-    /// snapshotting altogether.
-    fn persists(&self) -> bool {
-        true
-    }
+    /// Who can read what is written: [`Reach::None`] for [`NoopSnapshotStore`] (callers skip
+    /// snapshotting altogether), [`Reach::Host`] for a local directory, [`Reach::Cluster`]
+    /// for a shared service.
+    fn reach(&self) -> Reach;
 
-    /// Store `data` under `key`, replacing any previous blob. Returns the bytes written.
-    async fn put(&self, key: &BlobKey, data: ByteStream) -> Result<u64>;
+    /// Store `data` under `key`, replacing any previous blob. `size` is the exact length when
+    /// the caller knows it (a store may then send a small blob in one request instead of a
+    /// multipart upload). Returns the bytes written.
+    async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64>;
 
     /// Stream the blob under `key`.
     async fn get(&self, key: &BlobKey) -> Result<ByteStream>;
@@ -118,9 +124,34 @@ pub trait SnapshotStore: Send + Sync + fmt::Debug + 'static {
     /// Remove `key`; removing a missing key is not an error.
     async fn delete(&self, key: &BlobKey) -> Result<()>;
 
-    /// All blobs whose key starts with `prefix`.
-    async fn list(&self, prefix: &str) -> Result<Vec<BlobMeta>>;
+    /// The blobs whose key starts with `prefix`, in no particular order, fetched page by page
+    /// as the stream is read (a store with millions of chunks is never listed into memory at
+    /// once). A blob written or deleted while the stream runs may or may not appear.
+    fn list(&self, prefix: &str) -> BlobStream;
 }
+
+/// Conveniences over [`SnapshotStore`].
+#[async_trait]
+pub trait SnapshotStoreExt: SnapshotStore {
+    /// Every blob under `prefix`, sorted by key.
+    async fn list_all(&self, prefix: &str) -> Result<Vec<BlobMeta>> {
+        let mut out: Vec<BlobMeta> = Vec::new();
+        let mut listed = self.list(prefix);
+        while let Some(meta) = listed.next().await {
+            out.push(meta?);
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Store a blob held in memory (one request where the store can).
+    async fn put_bytes(&self, key: &BlobKey, data: bytes::Bytes) -> Result<u64> {
+        let size = data.len() as u64;
+        self.put(key, stream::once(data), Some(size)).await
+    }
+}
+
+impl<S: SnapshotStore + ?Sized> SnapshotStoreExt for S {}
 
 /// Keeps nothing: the default, matching the spec's `NoopSnapshotSpec`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -132,11 +163,11 @@ impl SnapshotStore for NoopSnapshotStore {
         "noop"
     }
 
-    fn persists(&self) -> bool {
-        false
+    fn reach(&self) -> Reach {
+        Reach::None
     }
 
-    async fn put(&self, _key: &BlobKey, mut data: ByteStream) -> Result<u64> {
+    async fn put(&self, _key: &BlobKey, mut data: ByteStream, _size: Option<u64>) -> Result<u64> {
         let mut n = 0;
         while let Some(chunk) = data.next().await {
             n += chunk?.len() as u64;
@@ -159,8 +190,8 @@ impl SnapshotStore for NoopSnapshotStore {
         Ok(())
     }
 
-    async fn list(&self, _prefix: &str) -> Result<Vec<BlobMeta>> {
-        Ok(Vec::new())
+    fn list(&self, _prefix: &str) -> BlobStream {
+        futures::stream::empty().boxed()
     }
 }
 
@@ -198,7 +229,11 @@ impl SnapshotStore for LocalDirSnapshotStore {
         "local"
     }
 
-    async fn put(&self, key: &BlobKey, mut data: ByteStream) -> Result<u64> {
+    fn reach(&self) -> Reach {
+        Reach::Host
+    }
+
+    async fn put(&self, key: &BlobKey, mut data: ByteStream, _size: Option<u64>) -> Result<u64> {
         let path = self.path_of(key);
         let parent = path.parent().expect("keys are non-empty").to_owned();
         tokio::fs::create_dir_all(&parent)
@@ -270,17 +305,44 @@ impl SnapshotStore for LocalDirSnapshotStore {
         }
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<BlobMeta>> {
-        let dir = self.dir.clone();
-        let prefix = prefix.to_owned();
-        tokio::task::spawn_blocking(move || list_dir(&dir, &prefix))
-            .await
-            .map_err(|e| Error::backend("local", "list blobs", e.to_string()))?
+    fn list(&self, prefix: &str) -> BlobStream {
+        // A walker thread sends pages through a short queue: memory stays bounded by the page
+        // size whatever the store holds, and a dropped stream stops the walk.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<BlobMeta>>>(2);
+        let (dir, prefix) = (self.dir.clone(), prefix.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let mut page = Vec::with_capacity(LIST_PAGE);
+            let walked = walk_blobs(&dir, &prefix, &mut |meta| {
+                page.push(meta);
+                if page.len() == LIST_PAGE {
+                    let full = std::mem::replace(&mut page, Vec::with_capacity(LIST_PAGE));
+                    return tx.blocking_send(Ok(full)).is_ok();
+                }
+                true
+            });
+            let last = walked.map(|()| page);
+            let _ = tx.blocking_send(last);
+        });
+        tokio_stream_of_pages(rx)
     }
 }
 
-fn list_dir(root: &Path, prefix: &str) -> Result<Vec<BlobMeta>> {
-    let mut out = Vec::new();
+/// Blobs per page of a local listing.
+const LIST_PAGE: usize = 1000;
+
+fn tokio_stream_of_pages(rx: tokio::sync::mpsc::Receiver<Result<Vec<BlobMeta>>>) -> BlobStream {
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|page| (page, rx))
+    })
+    .flat_map(|page| match page {
+        Ok(items) => futures::stream::iter(items.into_iter().map(Ok)).left_stream(),
+        Err(e) => futures::stream::iter([Err(e)]).right_stream(),
+    })
+    .boxed()
+}
+
+/// Visit every blob under `prefix`; `visit` returns `false` to stop.
+fn walk_blobs(root: &Path, prefix: &str, visit: &mut dyn FnMut(BlobMeta) -> bool) -> Result<()> {
     // Only descend into the directory the prefix names (prefix scan, not a full scan).
     let start = match prefix.rfind('/') {
         Some(i) => root.join(&prefix[..i]),
@@ -299,7 +361,11 @@ fn list_dir(root: &Path, prefix: &str) -> Result<Vec<BlobMeta>> {
             if name.to_string_lossy().starts_with('.') {
                 continue; // temporaries
             }
-            let meta = entry.metadata().map_err(|e| Error::io(entry.path(), e))?;
+            let meta = match entry.metadata() {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // deleted meanwhile
+                Err(e) => return Err(Error::io(entry.path(), e)),
+            };
             if meta.is_dir() {
                 stack.push(entry.path());
                 continue;
@@ -319,16 +385,18 @@ fn list_dir(root: &Path, prefix: &str) -> Result<Vec<BlobMeta>> {
                     .ok()
                     .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                     .map(|d| d.as_secs() as i64);
-                out.push(BlobMeta {
+                let more = visit(BlobMeta {
                     key,
                     size: meta.len(),
                     modified_unix,
                 });
+                if !more {
+                    return Ok(());
+                }
             }
         }
     }
-    out.sort_by(|a, b| a.key.cmp(&b.key));
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -350,14 +418,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalDirSnapshotStore::new(dir.path());
         let key = BlobKey::new("snapshots/a.tar").unwrap();
-        assert_eq!(store.put(&key, stream::once("hello")).await.unwrap(), 5);
+        assert_eq!(store.put_bytes(&key, "hello".into()).await.unwrap(), 5);
         assert!(store.exists(&key).await.unwrap());
         let got = stream::collect(store.get(&key).await.unwrap(), 100)
             .await
             .unwrap();
         assert_eq!(&got[..], b"hello");
-        assert_eq!(store.list("snapshots/").await.unwrap().len(), 1);
-        assert_eq!(store.list("other/").await.unwrap().len(), 0);
+        assert_eq!(store.list_all("snapshots/").await.unwrap().len(), 1);
+        assert_eq!(store.list_all("other/").await.unwrap().len(), 0);
         store.delete(&key).await.unwrap();
         assert!(matches!(
             store.get(&key).await.err(),
@@ -370,7 +438,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalDirSnapshotStore::new(dir.path());
         let key = BlobKey::new("k").unwrap();
-        store.put(&key, stream::once("old")).await.unwrap();
+        store.put_bytes(&key, "old".into()).await.unwrap();
         let failing: ByteStream = Box::pin(futures::stream::iter(vec![
             Ok(bytes::Bytes::from_static(b"new-partial")),
             Err(Error::Timeout {
@@ -378,7 +446,7 @@ mod tests {
                 after: std::time::Duration::from_secs(1),
             }),
         ]));
-        assert!(store.put(&key, failing).await.is_err());
+        assert!(store.put(&key, failing, None).await.is_err());
         let got = stream::collect(store.get(&key).await.unwrap(), 100)
             .await
             .unwrap();
@@ -388,5 +456,21 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "temporary left behind: {names:?}");
+    }
+
+    #[tokio::test]
+    async fn listing_is_paged_and_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirSnapshotStore::new(dir.path());
+        let n = LIST_PAGE * 2 + 7;
+        for i in 0..n {
+            let key = BlobKey::new(format!("chunks/{:02x}/c{i}", i % 256)).unwrap();
+            store.put_bytes(&key, "x".into()).await.unwrap();
+        }
+        let listed = store.list_all("chunks/").await.unwrap();
+        assert_eq!(listed.len(), n);
+        // A consumer that stops early stops the walk.
+        let first: Vec<_> = store.list("chunks/").take(3).collect().await;
+        assert_eq!(first.len(), 3);
     }
 }

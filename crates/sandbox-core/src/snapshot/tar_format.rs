@@ -61,7 +61,7 @@ pub(super) async fn take(
         })
         .boxed();
     let key = archive_key(ctx.namespace, ctx.id)?;
-    let stored = ctx.spec.store.put(&key, teed).await;
+    let stored = ctx.spec.store.put(&key, teed, None).await;
     let parsed = parser
         .await
         .map_err(|e| Error::backend("core", "snapshot", e.to_string()))?;

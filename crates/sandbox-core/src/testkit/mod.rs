@@ -11,6 +11,7 @@
 //! Scenarios only use POSIX `sh` utilities (`cat`, `echo`, `printf`, `test`, `sleep`, `kill`)
 //! inside the box, so they run on minimal images too.
 
+pub mod guards;
 pub mod raw_tar;
 mod stores;
 
@@ -32,6 +33,7 @@ use crate::projection::{Projection, ProjectionOutcome};
 use crate::sandbox::{Sandbox, SandboxConfig, StartBranch};
 use crate::snapshot::{
     BlobKey, LocalDirSnapshotStore, SnapshotFormat, SnapshotSpec, SnapshotStore,
+    SnapshotStoreExt as _,
 };
 use crate::spec::WorkspaceSpec;
 use crate::state::{SandboxState, state_from_json, state_to_json};
@@ -118,6 +120,7 @@ impl Env {
             .scope(scope)
             .config(config)
             .build()
+            .expect("manager")
     }
 }
 
@@ -675,10 +678,10 @@ pub async fn hostile_snapshot_rejected(fx: &dyn Fixture) {
         .finish();
     for (name, bytes) in [("hostile entry", hostile), ("garbage", vec![0x42; 4096])] {
         env.snapshots
-            .put(&archive_of(&env, &snap2).await, stream::once(bytes))
+            .put(&archive_of(&env, &snap2).await, stream::once(bytes), None)
             .await
             .expect("tamper");
-        let err = m.call(&ctx, |_| async {}).await.expect_err(name);
+        let err = m.call(&ctx, |_| async {}).await.expect_err(name).error;
         assert!(
             matches!(err, Error::RestoreIncomplete { .. }),
             "{name}: {err}"
@@ -718,17 +721,24 @@ pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
         })
         .await
         .expect_err("the snapshot fails");
-    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert!(matches!(err.error, Error::Unavailable { .. }), "{err}");
+    let report = err.report.expect("the report comes with the error");
+    assert!(report.parked && !report.persisted, "{report:?}");
+    assert!(report.state_json.is_some(), "the state JSON is not lost");
+    // The stored state still points at the first snapshot, which restores...
+    checkpoint_holds(&m, &ctx, env.states.load(&key_of(&m, &ctx)).await.expect("load").as_deref(), "g.txt", "good\n").await;
     failing.heal();
+    // ...and the box that holds the failed call's work was kept: the next call finds it.
     let r = call(&m, &ctx, |sb| async move {
-        assert_eq!(read(&sb, "g.txt").await.as_deref(), Some("good\n"));
-        assert_eq!(read(&sb, "big.bin").await, None);
+        assert_eq!(read(&sb, "g.txt").await.as_deref(), Some("lost\n"));
+        assert!(read(&sb, "big.bin").await.is_some());
     })
     .await;
-    assert_eq!(branch(&r), StartBranch::RestoreEphemeral);
+    assert_eq!(branch(&r), StartBranch::Warm);
+    assert!(r.persisted);
     let leftovers: Vec<_> = env
         .snapshots
-        .list("")
+        .list_all("")
         .await
         .expect("list")
         .into_iter()
@@ -756,8 +766,8 @@ pub async fn bad_state_is_a_typed_error(fx: &dyn Fixture) {
             |e: &Error| matches!(e, Error::UnknownStateType { known, .. } if !known.is_empty()),
         ),
     ] {
-        env.states.save(&key, json, None).await.expect("seed");
-        let err = m.call(&ctx, |_| async {}).await.expect_err("bad state");
+        seed_state(&*env.states, &key, json).await;
+        let err = m.call(&ctx, |_| async {}).await.expect_err("bad state").error;
         assert!(check(&err), "{json}: {err}");
         assert_eq!(
             env.states.load(&key).await.expect("load").as_deref(),
@@ -961,13 +971,18 @@ async fn tar_names(store: &dyn SnapshotStore, key: &BlobKey) -> Vec<String> {
 }
 
 async fn cleanup(m: &SandboxManager, ctx: &CallContext) {
-    if let Some(key) = IsolationKey::resolve(m.scope(), ctx)
-        && let Some(json) = m.state_store().load(&key).await.expect("load")
-    {
-        let state = state_from_json(&json).expect("state");
-        m.client().delete(&*state).await.expect("delete");
-        m.state_store().delete(&key).await.expect("delete state");
-    }
+    m.delete(ctx).await.expect("delete");
+}
+
+/// Store `json` as `key`'s state the way a holder would: registered, then saved.
+pub async fn seed_state(states: &dyn StateStore, key: &IsolationKey, json: &str) {
+    let token = states.fence(key, None).await.expect("fence");
+    states.save(key, json, Some(token)).await.expect("seed");
+}
+
+/// The key `m` resolves `ctx` to.
+pub fn key_of(m: &SandboxManager, ctx: &CallContext) -> IsolationKey {
+    IsolationKey::resolve(m.scope(), ctx).expect("a key")
 }
 
 /// A stop with nothing changed writes nothing and keeps the snapshot reference, both on a
@@ -1099,14 +1114,14 @@ pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
         .expect("entry");
     let chunk = crate::snapshot::chunk_key(&small.chunks[0].hash).expect("key");
     env.snapshots
-        .put(&chunk, stream::once("tampered\n"))
+        .put(&chunk, stream::once("tampered\n"), None)
         .await
         .expect("tamper");
     let err = r2
         .call(&ctx, |_| async {})
         .await
         .expect_err("tampered chunk");
-    assert!(matches!(err, Error::RestoreIncomplete { .. }), "{err}");
+    assert!(matches!(err.error, Error::RestoreIncomplete { .. }), "{err}");
     checkpoint_holds(
         &r2,
         &ctx,
@@ -1222,7 +1237,7 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
         sh(&sb, "head -c 200000 /dev/urandom > erin.bin").await;
     })
     .await;
-    let manifests = env.snapshots.list("snapshots/").await.expect("list");
+    let manifests = env.snapshots.list_all("snapshots/").await.expect("list");
     assert_eq!(
         manifests
             .iter()
@@ -1237,6 +1252,7 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
         &*env.snapshots,
         &policy,
         crate::snapshot::GcOptions::default(),
+        &*env.states,
     )
     .await
     .expect("gc");
@@ -1250,17 +1266,19 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
         crate::snapshot::GcOptions::default()
             .grace(Duration::ZERO)
             .dry_run(true),
+        &*env.states,
     )
     .await
     .expect("gc");
     assert!(dry.chunks_deleted > 0, "{dry:?}");
-    let before = env.snapshots.list("chunks/").await.expect("list").len();
+    let before = env.snapshots.list_all("chunks/").await.expect("list").len();
     let swept = crate::snapshot::gc(
         &*env.snapshots,
         &policy,
         crate::snapshot::GcOptions::default()
             .keep_last(2)
             .grace(Duration::ZERO),
+        &*env.states,
     )
     .await
     .expect("gc");
@@ -1269,7 +1287,7 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
         "the dry run predicted the sweep"
     );
     assert_eq!(
-        env.snapshots.list("chunks/").await.expect("list").len(),
+        env.snapshots.list_all("chunks/").await.expect("list").len(),
         before - swept.chunks_deleted
     );
     assert!(swept.chunks_live > 0);
@@ -1290,7 +1308,7 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
         .call_with(&dave, Acquire::State(first), |_| async {})
         .await
         .expect_err("retired");
-    assert!(matches!(err, Error::RestoreIncomplete { .. }), "{err}");
+    assert!(matches!(err.error, Error::RestoreIncomplete { .. }), "{err}");
 }
 
 /// Generate one `#[tokio::test]` per conformance scenario for a fixture expression, with

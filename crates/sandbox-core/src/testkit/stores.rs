@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use futures::StreamExt;
 
 use crate::error::{Error, Result};
-use crate::snapshot::{BlobKey, BlobMeta, SnapshotStore};
+use crate::reach::Reach;
+use crate::snapshot::{BlobKey, BlobStream, SnapshotStore};
 use crate::stream::ByteStream;
 
 /// Wraps a store; after [`fail_after`](Self::fail_after), every `put` reads that many bytes of
@@ -51,7 +52,11 @@ impl SnapshotStore for FailingStore {
         "failing"
     }
 
-    async fn put(&self, key: &BlobKey, data: ByteStream) -> Result<u64> {
+    fn reach(&self) -> Reach {
+        self.inner.reach()
+    }
+
+    async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
         let budget = self.budget.load(Ordering::SeqCst);
         let mut seen = 0u64;
         let limited = data
@@ -68,7 +73,7 @@ impl SnapshotStore for FailingStore {
                 Ok(chunk)
             })
             .boxed();
-        self.inner.put(key, limited).await
+        self.inner.put(key, limited, size).await
     }
 
     async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
@@ -86,7 +91,7 @@ impl SnapshotStore for FailingStore {
         self.inner.delete(key).await
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<BlobMeta>> {
-        self.inner.list(prefix).await
+    fn list(&self, prefix: &str) -> BlobStream {
+        self.inner.list(prefix)
     }
 }
