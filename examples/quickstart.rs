@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use sandbox_harness::local::{LocalClient, LocalOptions};
 use sandbox_harness::{
-    CallContext, CallReport, ExecRequest, FileStateStore, InProcessGuard, IsolationScope,
-    Persistence, Projection, ProjectionOutcome, SandboxClient, SandboxConfig, SandboxManager,
-    SnapshotSpec, WorkspaceSpec,
+    CallContext, CallReport, ExecRequest, FileGuard, FileStateStore, IsolationScope, Persistence,
+    Projection, ProjectionOutcome, SandboxClient, SandboxConfig, SandboxManager, SnapshotSpec,
+    WorkspaceSpec,
 };
 
 struct Checks {
@@ -48,12 +48,16 @@ fn replica(root: &Path) -> SandboxManager {
     let config = SandboxConfig::new(spec)
         .snapshots(SnapshotSpec::local_dir(root.join("snapshots")))
         .projection(Projection::new(root.join("host")));
+    // Files for state, snapshots and leases: safe for every process of this host, and
+    // checked to be so.
     SandboxManager::builder(client)
         .state_store(Arc::new(FileStateStore::new(root.join("state"))))
-        .guard(Arc::new(InProcessGuard::new()))
+        .guard(Arc::new(FileGuard::new(root.join("leases"))))
         .scope(IsolationScope::User)
         .config(config)
+        .require_durable()
         .build()
+        .expect("a durable set-up")
 }
 
 fn ms(d: Duration) -> String {

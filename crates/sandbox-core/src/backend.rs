@@ -98,6 +98,8 @@ pub struct OwnedBox {
     pub key: Option<String>,
     /// When it was created, ms since the epoch, if the backend records it.
     pub created_unix_ms: Option<i64>,
+    /// When it expires (the backend's maximum box age), ms since the epoch, if it has one.
+    pub expires_unix_ms: Option<i64>,
 }
 
 impl OwnedBox {
@@ -107,7 +109,14 @@ impl OwnedBox {
             id: id.into(),
             key,
             created_unix_ms,
+            expires_unix_ms: None,
         }
+    }
+
+    /// With an expiry.
+    pub fn expires(mut self, unix_ms: Option<i64>) -> Self {
+        self.expires_unix_ms = unix_ms;
+        self
     }
 }
 

@@ -143,8 +143,9 @@ impl IsolationKey {
         let encoded = |c: &str| {
             !c.is_empty()
                 && !c.starts_with('.')
-                && c.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-' | b'%'))
+                && c.bytes().all(|b| {
+                    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-' | b'%')
+                })
         };
         let parts: Vec<&str> = key.split('/').collect();
         let scope = match parts.as_slice() {

@@ -10,8 +10,8 @@ pub mod host;
 mod isolation;
 mod manager;
 mod path;
-mod reach;
 pub mod projection;
+mod reach;
 mod sandbox;
 pub mod snapshot;
 mod spec;
@@ -40,8 +40,8 @@ pub use manager::{
     DeleteReport, SandboxManager, SandboxManagerBuilder,
 };
 pub use path::RelPath;
-pub use reach::Reach;
 pub use projection::{Projection, ProjectionOutcome};
+pub use reach::Reach;
 pub use sandbox::{Sandbox, SandboxConfig, StartBranch, StartReport, StopReport};
 pub use snapshot::{
     BlobKey, LocalDirSnapshotStore, NoopSnapshotStore, SnapshotRef, SnapshotSpec, SnapshotStore,

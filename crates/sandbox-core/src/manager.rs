@@ -592,8 +592,10 @@ impl SandboxManager {
     /// Remove leftover boxes of this client: every owned box ([`SandboxClient::list_owned`])
     /// older than [`BoxGcOptions::older_than`] whose key no call holds (the guard is tried, not
     /// waited for) and no stored state describes — boxes whose call crashed, or whose work
-    /// could not be saved and was never recovered. With [`BoxGcOptions::snapshots`], also
-    /// collect the snapshot store, never retiring a snapshot a stored state references.
+    /// could not be saved and was never recovered — and every box past its expiry (the
+    /// backend's maximum age) whose key no call holds, state or not (the next call restores
+    /// it from its snapshot). With [`BoxGcOptions::snapshots`], also collect the snapshot
+    /// store, never retiring a snapshot a stored state references.
     pub async fn gc(&self, options: BoxGcOptions) -> Result<BoxGcReport> {
         let inner = &self.inner;
         let mut report = BoxGcReport::default();
@@ -602,7 +604,8 @@ impl SandboxManager {
             .map_or(0, |d| d.as_millis() as i64);
         let cutoff = now - options.older_than.as_millis() as i64;
         for owned in inner.client.list_owned().await? {
-            if owned.created_unix_ms.is_none_or(|c| c > cutoff) {
+            let expired = owned.expires_unix_ms.is_some_and(|e| e <= now);
+            if !expired && owned.created_unix_ms.is_none_or(|c| c > cutoff) {
                 report.boxes_kept += 1;
                 continue;
             }
@@ -613,7 +616,7 @@ impl SandboxManager {
                         report.boxes_in_use += 1;
                         continue;
                     }
-                    Some(lease) if inner.states.load(&key).await?.is_some() => {
+                    Some(lease) if !expired && inner.states.load(&key).await?.is_some() => {
                         drop(lease);
                         report.boxes_kept += 1;
                         continue;
@@ -863,7 +866,10 @@ impl CallInner {
 
     fn lost_error(&self, when: &str) -> Error {
         Error::LeaseLost {
-            key: self.key.as_ref().map_or_else(String::new, ToString::to_string),
+            key: self
+                .key
+                .as_ref()
+                .map_or_else(String::new, ToString::to_string),
             reason: format!("found out {when}; nothing was written and the box was left alone"),
         }
     }
@@ -950,7 +956,11 @@ impl CallInner {
                 };
                 match r {
                     Ok(()) => {
-                        tracing::info!(ms = started.elapsed().as_millis() as u64, parked = report.parked, "box released")
+                        tracing::info!(
+                            ms = started.elapsed().as_millis() as u64,
+                            parked = report.parked,
+                            "box released"
+                        )
                     }
                     Err(e) => keep(e),
                 }
@@ -973,7 +983,10 @@ impl CallInner {
     /// Delete the namespace's snapshots beyond the retention, never the one just saved.
     async fn retire_older_snapshots(&self, stop: Option<&StopReport>) {
         let spec = &self.manager.config.snapshots;
-        let Some(snap) = stop.filter(|s| !s.unchanged).and_then(|s| s.snapshot.as_ref()) else {
+        let Some(snap) = stop
+            .filter(|s| !s.unchanged)
+            .and_then(|s| s.snapshot.as_ref())
+        else {
             return;
         };
         let Some(ns) = snap.namespace() else {

@@ -358,7 +358,10 @@ mod tests {
             "stale save lost nothing"
         );
         assert!(
-            matches!(store.save(&alice, "{}", None).await, Err(Error::StaleLease { .. })),
+            matches!(
+                store.save(&alice, "{}", None).await,
+                Err(Error::StaleLease { .. })
+            ),
             "a fenced key refuses a save without a token"
         );
         // A newer holder registers before it reads: from then on the old token is refused,
@@ -373,14 +376,30 @@ mod tests {
         assert_eq!(store.fence(&alice, None).await.unwrap(), 7);
         assert!(store.save(&alice, "{\"v\":3}", Some(6)).await.is_err());
         store.save(&alice, "{\"v\":2}", Some(7)).await.unwrap();
-        assert!(store.delete(&alice, Some(6)).await.is_err(), "a stale delete is refused");
-        let mut listed: Vec<String> = store.list("").await.unwrap().iter().map(|k| k.to_string()).collect();
+        assert!(
+            store.delete(&alice, Some(6)).await.is_err(),
+            "a stale delete is refused"
+        );
+        let mut listed: Vec<String> = store
+            .list("")
+            .await
+            .unwrap()
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
         listed.sort();
         assert_eq!(listed, vec![alice.to_string(), bob.to_string()]);
-        assert_eq!(store.list("agents/a/users/b").await.unwrap(), vec![bob.clone()]);
+        assert_eq!(
+            store.list("agents/a/users/b").await.unwrap(),
+            vec![bob.clone()]
+        );
         store.delete(&alice, Some(7)).await.unwrap();
         assert_eq!(store.load(&alice).await.unwrap(), None);
-        assert_eq!(store.list("").await.unwrap(), vec![bob.clone()], "deleted states are not listed");
+        assert_eq!(
+            store.list("").await.unwrap(),
+            vec![bob.clone()],
+            "deleted states are not listed"
+        );
         assert!(
             store.save(&alice, "{}", Some(5)).await.is_err(),
             "fence survives delete"

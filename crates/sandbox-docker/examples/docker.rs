@@ -32,7 +32,7 @@ async fn main() -> sandbox_core::Result<()> {
         .guard(Arc::new(InProcessGuard::new()))
         .scope(IsolationScope::Session)
         .config(SandboxConfig::new(spec).snapshots(SnapshotSpec::local_dir(".sandbox/snapshots")))
-        .build();
+        .build()?;
     let ctx = CallContext::new("coder").session("s1");
     let called = manager
         .call(&ctx, |sandbox| async move {

@@ -12,8 +12,10 @@
 //! answers `D <id> <exit code> <stdout size> <stderr size>` followed by the capped bytes.
 //!
 //! The agent serves one command at a time; a box's other commands meanwhile go through the
-//! engine's exec. A timeout kills the command's tree by its marker, as for an engine exec, and
-//! the agent then answers with the partial output. If the agent dies before a request was
+//! engine's exec. When the command exits, the agent kills whatever it left running (by its
+//! marker) before answering. A timeout kills the command's tree by its marker, as for an
+//! engine exec, and the agent then answers with the partial output; so does dropping the
+//! command's future (a cancelled call), through a spawned kill. If the agent dies before a request was
 //! written, the command falls back to an engine exec; after, it is an error (a command is never
 //! run twice).
 
@@ -42,7 +44,9 @@ const DRAIN_AFTER_KILL: Duration = Duration::from_secs(5);
 /// How long the agent may take to start.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
-const SERVER: &str = r#"
+const SERVER: &str = concat!(
+    exec::reap_fn!(),
+    r#"
 d="${TMPDIR:-/tmp}/.sandbox-agent.$$"
 for t in base64 head wc mkfifo cat; do command -v "$t" > /dev/null || exit 1; done
 rm -rf "$d" && mkdir -p "$d" || exit 1
@@ -57,7 +61,7 @@ while IFS=' ' read -r op id co ce sc si; do
   rm -f "$p.ef" && mkfifo "$p.ef"
   cap "$((ce + 1))" "$p.e" < "$p.ef" &
   ep=$!
-  ( SANDBOX_EXEC_ID="$id" sh "$p.sh" < "$p.in" 2> "$p.ef"; echo $? > "$p.rc" ) | cap "$((co + 1))" "$p.o"
+  ( SANDBOX_EXEC_ID="$id" sh "$p.sh" < "$p.in" 2> "$p.ef"; echo $? > "$p.rc"; reap "$id" ) | cap "$((co + 1))" "$p.o"
   wait "$ep"
   on=$(wc -c < "$p.o"); en=$(wc -c < "$p.e"); rc=$(cat "$p.rc" 2>/dev/null || echo 255)
   printf 'D %s %s %s %s\n' "$id" "$((rc + 0))" "$((on + 0))" "$((en + 0))"
@@ -65,7 +69,8 @@ while IFS=' ' read -r op id co ce sc si; do
   head -c "$ce" "$p.e"
   rm -f "$p.sh" "$p.in" "$p.ef" "$p.o" "$p.e" "$p.rc"
 done
-"#;
+"#
+);
 
 type Output =
     Pin<Box<dyn Stream<Item = std::result::Result<LogOutput, bollard::errors::Error>> + Send>>;
@@ -159,7 +164,6 @@ impl Agent {
     /// Run one command.
     pub(crate) async fn run(
         &mut self,
-        engine: &Engine,
         docker: &Docker,
         container: &str,
         spec: &ExecSpec,
@@ -178,7 +182,10 @@ impl Agent {
             b64.encode(script(spec)),
         );
         self.poisoned = true;
+        // Armed until the answer is read: a cancelled call kills its command.
+        let mut reaper = exec::Reaper::new(docker, container, &id, spec.user.clone());
         if let Err(e) = self.input.write_all(line.as_bytes()).await {
+            reaper.disarm();
             return Err(AgentError::NotSent(Error::backend(
                 BACKEND,
                 "exec agent",
@@ -191,9 +198,7 @@ impl Agent {
             Ok(answer) => answer.map(|a| (a, false)),
             Err(_) => {
                 tracing::info!(container, timeout = ?spec.timeout, "exec timed out: killing its process tree");
-                if let Err(e) =
-                    exec::kill_tree(engine, docker, container, &id, spec.user.clone()).await
-                {
+                if let Err(e) = exec::kill_tree(docker, container, &id, spec.user.clone()).await {
                     tracing::warn!(container, error = %e, "killing a timed-out command failed");
                 }
                 match tokio::time::timeout(DRAIN_AFTER_KILL, self.answer(&id, spec)).await {
@@ -207,6 +212,8 @@ impl Agent {
             }
         };
         let ((code, output), timed_out) = answer.map_err(AgentError::Lost)?;
+        // Answered: the agent already killed what the command left behind.
+        reaper.disarm();
         self.poisoned = false;
         let exit_code = if timed_out { None } else { Some(code) };
         Ok(ExecResult::new(

@@ -193,7 +193,7 @@ impl DockerBox {
                 }
             }
             if let Some(agent) = slot.agent.as_mut() {
-                match agent.run(engine, &docker, &target, &spec).await {
+                match agent.run(&docker, &target, &spec).await {
                     Ok(result) => return Ok(result),
                     Err(AgentError::NotSent(e)) => {
                         tracing::info!(container = %self.config.name, error = %e, "exec agent gone: using an engine exec");
@@ -207,6 +207,24 @@ impl DockerBox {
             }
         }
         exec::run(engine, &docker, &target, spec).await
+    }
+
+    /// Stop the container and keep it. Stopped or gone already is fine.
+    async fn stop_container(&self) -> Result<()> {
+        let docker = self.shared.docker().await?;
+        let t = self.shared.options.stop_timeout.as_secs() as i32;
+        let options = StopContainerOptionsBuilder::default().t(t).build();
+        match docker.stop_container(&self.target(), Some(options)).await {
+            Ok(()) => {
+                tracing::info!(container = %self.config.name, "container stopped (kept)");
+                Ok(())
+            }
+            Err(e) if matches!(crate::engine::status(&e), Some(304) | Some(404)) => Ok(()),
+            Err(e) => Err(self
+                .shared
+                .engine
+                .err("stop", "container", &self.config.name, e)),
+        }
     }
 
     /// Forget the agent (the container stopped, restarted or is gone).
@@ -665,25 +683,13 @@ impl BoxHandle for DockerBox {
         self.drop_agent().await;
         match self.config.persistence {
             Persistence::Ephemeral => self.shared.remove(&self.config.name).await,
-            Persistence::Keep => {
-                let docker = self.shared.docker().await?;
-                let t = self.shared.options.stop_timeout.as_secs() as i32;
-                let options = StopContainerOptionsBuilder::default().t(t).build();
-                match docker.stop_container(&self.target(), Some(options)).await {
-                    Ok(()) => {
-                        tracing::info!(container = %self.config.name, "container stopped (kept)");
-                        Ok(())
-                    }
-                    Err(e) if matches!(crate::engine::status(&e), Some(304) | Some(404)) => Ok(()),
-                    Err(e) => {
-                        Err(self
-                            .shared
-                            .engine
-                            .err("stop", "container", &self.config.name, e))
-                    }
-                }
-            }
+            Persistence::Keep => self.stop_container().await,
         }
+    }
+
+    async fn park(&self) -> Result<()> {
+        self.drop_agent().await;
+        self.stop_container().await
     }
 
     #[tracing::instrument(skip(self), fields(backend = BACKEND, container = %self.config.name))]

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bollard::Docker;
 use bollard::models::{
@@ -16,8 +16,8 @@ use bollard::query_parameters::{
 };
 use futures::StreamExt;
 use sandbox_core::{
-    Capabilities, CommonState, CreateRequest, Error, IsolationKey, Result, SandboxClient,
-    SandboxState, StateStore, WorkspaceSpec, async_trait,
+    Capabilities, CommonState, CreateRequest, Error, ExecFeatures, IsolationKey, OwnedBox, Result,
+    SandboxClient, SandboxState, WorkspaceSpec, async_trait,
 };
 
 use crate::BACKEND;
@@ -406,6 +406,7 @@ impl DockerClient {
             Some(e) => e,
             None => self.resolve_extra(key.as_ref())?,
         };
+        check_mounts_outside(&root, &extra)?;
         Ok(BoxConfig {
             name,
             image: o.image.clone(),
@@ -456,10 +457,9 @@ impl DockerClient {
         Ok(out)
     }
 
-    /// Remove the containers this deployment owns that expired, or (when `states` is given)
-    /// that are stopped, older than `grace` and whose isolation key has no stored state any
-    /// more. Containers of other owners are never touched.
-    pub async fn gc(&self, states: Option<&dyn StateStore>, grace: Duration) -> Result<GcReport> {
+    /// The containers carrying this deployment's owner label (the engine filters by label;
+    /// each is checked again).
+    async fn owned_containers(&self) -> Result<Vec<ContainerSummary>> {
         let shared = &self.shared;
         let docker = shared.docker().await?;
         let filters: HashMap<String, Vec<String>> = [(
@@ -474,56 +474,11 @@ impl DockerClient {
         let list = docker
             .list_containers(Some(options))
             .await
-            .map_err(|e| shared.engine.err("list", "containers", "gc", e))?;
-        let now = unix_now();
-        let mut report = GcReport::default();
-        for c in list {
-            let name = container_name_of(&c);
-            // The engine filtered by label; check again before removing anything.
-            if !shared.owns(c.labels.as_ref()) {
-                continue;
-            }
-            let labels = c.labels.clone().unwrap_or_default();
-            let num = |k: &str| labels.get(k).and_then(|v| v.parse::<u64>().ok());
-            let expired = num(labels::EXPIRES_AT).is_some_and(|t| now >= t);
-            let running = c.state.as_ref().is_some_and(|s| {
-                matches!(
-                    s,
-                    bollard::models::ContainerSummaryStateEnum::RUNNING
-                        | bollard::models::ContainerSummaryStateEnum::RESTARTING
-                )
-            });
-            let old_enough = num(labels::CREATED_AT).is_some_and(|t| now >= t + grace.as_secs());
-            let mut orphan = false;
-            if !expired
-                && !running
-                && old_enough
-                && let Some(states) = states
-                && let (Some(key), Some(scope)) =
-                    (labels.get(labels::KEY), labels.get(labels::SCOPE))
-            {
-                let key: Option<IsolationKey> =
-                    serde_json::from_value(serde_json::json!({"scope": scope, "key": key})).ok();
-                if let Some(key) = key {
-                    orphan = states.load(&key).await?.is_none();
-                }
-            }
-            if expired || orphan {
-                let id = c.id.clone().unwrap_or_default();
-                shared.remove(&id).await?;
-                report.removed.push(GcRemoved {
-                    name,
-                    reason: if expired {
-                        "expired"
-                    } else {
-                        "no stored state"
-                    },
-                });
-            } else {
-                report.kept += 1;
-            }
-        }
-        Ok(report)
+            .map_err(|e| shared.engine.err("list", "containers", "owned", e))?;
+        Ok(list
+            .into_iter()
+            .filter(|c| shared.owns(c.labels.as_ref()))
+            .collect())
     }
 }
 
@@ -536,24 +491,35 @@ fn container_name_of(c: &ContainerSummary) -> String {
         .unwrap_or_default()
 }
 
-/// What [`DockerClient::gc`] did.
-#[derive(Debug, Clone, Default)]
-#[non_exhaustive]
-pub struct GcReport {
-    /// Containers removed.
-    pub removed: Vec<GcRemoved>,
-    /// Owned containers left alone.
-    pub kept: usize,
-}
-
-/// One container removed by `gc`.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct GcRemoved {
-    /// Its name.
-    pub name: String,
-    /// Why.
-    pub reason: &'static str,
+/// Refuse per-session mounts at, inside or above the workspace root: the workspace is
+/// replaced wholesale on restore (and emptied on failure), which would delete the host files
+/// behind such a mount. (Mounts inside the workspace belong in the spec's bind-mount entries,
+/// which every replace carries over untouched.)
+fn check_mounts_outside(root: &str, extra: &[ResolvedMount]) -> Result<()> {
+    let parts = |p: &str| -> Vec<String> {
+        Path::new(p)
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect()
+    };
+    let root_parts = parts(root);
+    for m in extra {
+        let target = parts(&m.target);
+        if target.starts_with(&root_parts) || root_parts.starts_with(&target) {
+            return Err(Error::invalid(
+                "extra mount",
+                format!(
+                    "`{}` (announced as `{}`) overlaps the workspace root `{root}`: mount it \
+                     outside, or declare it as a bind-mount entry of the workspace spec",
+                    m.target, m.env_name
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A relative path under `base` that cannot climb out of it, or a trusted absolute path.
@@ -592,6 +558,8 @@ impl SandboxClient for DockerClient {
         c.read_only_bind_mounts = true;
         c.keep = true;
         c.isolated = true;
+        // Timeouts, finished commands and cancelled calls kill the whole tree by its marker.
+        c.exec = ExecFeatures::all();
         c
     }
 
@@ -639,6 +607,8 @@ impl SandboxClient for DockerClient {
         )?;
         // The box keeps the root and image it was made with.
         config.root = s.common.workspace_root.clone();
+        check_root(&config.root)?;
+        check_mounts_outside(&config.root, &config.extra)?;
         config.image = s.image.clone();
         config.persistence = self.shared.options.persistence;
         Ok(Box::new(DockerBox::new(
@@ -647,6 +617,39 @@ impl SandboxClient for DockerClient {
             s.container_id.clone(),
             false,
         )))
+    }
+
+    async fn list_owned(&self) -> Result<Vec<OwnedBox>> {
+        Ok(self
+            .owned_containers()
+            .await?
+            .iter()
+            .map(|c| {
+                let labels = c.labels.clone().unwrap_or_default();
+                let ms = |label| {
+                    labels
+                        .get(label)
+                        .and_then(|t| t.parse::<i64>().ok())
+                        .map(|s| s * 1000)
+                };
+                OwnedBox::new(
+                    container_name_of(c),
+                    labels.get(labels::KEY).cloned(),
+                    ms(labels::CREATED_AT),
+                )
+                .expires(ms(labels::EXPIRES_AT))
+            })
+            .collect())
+    }
+
+    async fn remove_owned(&self, id: &str) -> Result<()> {
+        match self.shared.inspect(id).await? {
+            None => Ok(()),
+            Some(c) => {
+                self.shared.check_owner(id, &c)?;
+                self.shared.remove(id).await
+            }
+        }
     }
 
     #[tracing::instrument(skip_all, fields(backend = BACKEND))]
@@ -690,6 +693,34 @@ mod tests {
         assert_eq!(split_tag("busybox:1.36"), ("busybox", "1.36"));
         assert_eq!(split_tag("reg:5000/a/b"), ("reg:5000/a/b", "latest"));
         assert_eq!(split_tag("reg:5000/a/b:x"), ("reg:5000/a/b", "x"));
+    }
+
+    #[test]
+    fn extra_mounts_may_not_overlap_the_workspace() {
+        let mount = |target: &str| ResolvedMount {
+            host_path: "/srv/x".into(),
+            target: target.into(),
+            read_only: false,
+            env_name: "X".into(),
+        };
+        for bad in [
+            "/workspace",
+            "/workspace/data",
+            "/workspace/a/b/",
+            "/",
+            "//workspace/./c",
+        ] {
+            assert!(
+                matches!(
+                    check_mounts_outside("/workspace", &[mount(bad)]),
+                    Err(Error::InvalidInput { .. })
+                ),
+                "{bad}"
+            );
+        }
+        for good in ["/mnt/x", "/workspace2", "/work"] {
+            check_mounts_outside("/workspace", &[mount(good)]).expect(good);
+        }
     }
 
     #[test]

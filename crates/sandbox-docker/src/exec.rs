@@ -8,6 +8,9 @@
 //! freezes every process carrying the marker, adds their descendants (for the rare child that
 //! cleared its environment), kills them all, and repeats until none is left. Only POSIX `sh`,
 //! `grep -z` and `/proc` are needed, so busybox and Debian images both work.
+//!
+//! The same kill runs when the command's future is dropped (a cancelled call: a [`Reaper`]
+//! spawns it) and, in the background, after the command exited (whatever it left running).
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +53,8 @@ pub(crate) async fn run(
 ) -> Result<ExecResult> {
     let started = Instant::now();
     let marker = uuid::Uuid::new_v4().simple().to_string();
+    // From here on, however this future ends, the command's tree dies with it.
+    let mut reaper = Reaper::new(docker, container, &marker, spec.user.clone());
     let mut env = spec.env;
     env.push(format!("{MARKER_VAR}={marker}"));
     let config = CreateExecOptions {
@@ -125,7 +130,7 @@ pub(crate) async fn run(
                 }
                 timed_out = true;
                 tracing::info!(container, timeout = ?spec.timeout, "exec timed out: killing its process tree");
-                if let Err(e) = kill_tree(engine, docker, container, &marker, spec.user.clone()).await {
+                if let Err(e) = kill_tree(docker, container, &marker, spec.user.clone()).await {
                     tracing::warn!(container, error = %e, "killing a timed-out command failed");
                 }
                 drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_KILL);
@@ -142,6 +147,11 @@ pub(crate) async fn run(
         stdout: stdout.finish(),
         stderr: stderr.finish(),
     };
+    if timed_out {
+        reaper.disarm(); // killed above
+    }
+    // Otherwise the reaper kills, in the background, whatever the command left running.
+    drop(reaper);
     let exit_code = if timed_out { None } else { exit_code };
     Ok(ExecResult::new(
         exit_code,
@@ -179,39 +189,112 @@ async fn exit_code(
     Ok(None)
 }
 
-/// Kill every process carrying `marker` in its environment, and their descendants.
-const KILL_SCRIPT: &str = r#"
-m="SANDBOX_EXEC_ID=$1"
-round=0
-while [ $round -lt 50 ]; do
-  set --
-  for f in $(grep -lzxF -- "$m" /proc/[0-9]*/environ 2>/dev/null); do
-    p=${f#/proc/}; p=${p%/environ}
-    set -- "$@" "$p"
-  done
-  [ $# -eq 0 ] && exit 0
-  kill -STOP "$@" 2>/dev/null
-  grown=1
-  while [ -n "$grown" ]; do
-    grown=
-    for s in /proc/[0-9]*/status; do
-      q=${s#/proc/}; q=${q%/status}
-      case " $* " in *" $q "*) continue ;; esac
-      pp=
-      while read -r k v; do
-        if [ "$k" = "PPid:" ]; then pp=$v; break; fi
-      done < "$s" 2>/dev/null
-      case " $* " in *" $pp "*) kill -STOP "$q" 2>/dev/null; set -- "$@" "$q"; grown=1 ;; esac
+/// A shell function `reap <marker>`: kill every process carrying the marker in its
+/// environment, and their descendants. Shared by the kill exec and the exec agent.
+macro_rules! reap_fn {
+    () => {
+        r#"
+reap() {
+  _rm="SANDBOX_EXEC_ID=$1"
+  _rr=0
+  while [ $_rr -lt 50 ]; do
+    set --
+    for _rf in $(grep -lzxF -- "$_rm" /proc/[0-9]*/environ 2>/dev/null); do
+      _rp=${_rf#/proc/}; _rp=${_rp%/environ}
+      set -- "$@" "$_rp"
     done
+    [ $# -eq 0 ] && return 0
+    kill -STOP "$@" 2>/dev/null
+    _rg=1
+    while [ -n "$_rg" ]; do
+      _rg=
+      for _rs in /proc/[0-9]*/status; do
+        _rq=${_rs#/proc/}; _rq=${_rq%/status}
+        case " $* " in *" $_rq "*) continue ;; esac
+        _rpp=
+        while read -r _rk _rv; do
+          if [ "$_rk" = "PPid:" ]; then _rpp=$_rv; break; fi
+        done < "$_rs" 2>/dev/null
+        case " $* " in *" $_rpp "*) kill -STOP "$_rq" 2>/dev/null; set -- "$@" "$_rq"; _rg=1 ;; esac
+      done
+    done
+    kill -KILL "$@" 2>/dev/null
+    _rr=$((_rr + 1))
   done
-  kill -KILL "$@" 2>/dev/null
-  round=$((round + 1))
-done
-exit 1
-"#;
+  return 1
+}
+"#
+    };
+}
+pub(crate) use reap_fn;
+
+/// Kill every process carrying the marker `$1` in its environment, and their descendants.
+const KILL_SCRIPT: &str = concat!(reap_fn!(), "reap \"$1\"\n");
+
+/// Kills a command's process tree (by its marker) when dropped, on a spawned task: the command
+/// of a cancelled call, or what a finished command left running. [`disarm`](Self::disarm)
+/// when the tree was already killed.
+pub(crate) struct Reaper {
+    docker: Docker,
+    container: String,
+    marker: String,
+    user: Option<String>,
+    armed: bool,
+}
+
+impl Reaper {
+    pub(crate) fn new(
+        docker: &Docker,
+        container: &str,
+        marker: &str,
+        user: Option<String>,
+    ) -> Self {
+        Reaper {
+            docker: docker.clone(),
+            container: container.to_owned(),
+            marker: marker.to_owned(),
+            user,
+            armed: true,
+        }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (docker, container, marker, user) = (
+            self.docker.clone(),
+            std::mem::take(&mut self.container),
+            std::mem::take(&mut self.marker),
+            self.user.take(),
+        );
+        rt.spawn(async move {
+            if let Err(e) = kill_tree(&docker, &container, &marker, user).await {
+                tracing::warn!(container, error = %e, "killing a command's processes failed");
+            }
+        });
+    }
+}
+
+fn kill_err(e: bollard::errors::Error) -> Error {
+    Error::Backend {
+        backend: BACKEND,
+        operation: "kill",
+        message: e.to_string(),
+        source: Some(Box::new(e)),
+    }
+}
 
 pub(crate) async fn kill_tree(
-    engine: &Engine,
     docker: &Docker,
     container: &str,
     marker: &str,
@@ -233,17 +316,24 @@ pub(crate) async fn kill_tree(
     let id = docker
         .create_exec(container, config)
         .await
-        .map_err(|e| engine.err("kill", "container", container, e))?
+        .map_err(kill_err)?
         .id;
-    if let StartExecResults::Attached { mut output, .. } = docker
-        .start_exec(&id, None)
-        .await
-        .map_err(|e| engine.err("kill", "container", container, e))?
+    if let StartExecResults::Attached { mut output, .. } =
+        docker.start_exec(&id, None).await.map_err(kill_err)?
     {
         let drain = async { while output.next().await.is_some() {} };
         let _ = tokio::time::timeout(Duration::from_secs(30), drain).await;
     }
-    match exit_code(engine, docker, container, &id).await? {
+    let mut code = None;
+    for _ in 0..40 {
+        let inspect = docker.inspect_exec(&id).await.map_err(kill_err)?;
+        if inspect.running != Some(true) {
+            code = inspect.exit_code;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    match code {
         Some(0) => Ok(()),
         code => Err(Error::backend(
             BACKEND,

@@ -11,7 +11,7 @@ mod state;
 mod tarfix;
 
 pub use boxed::DockerBox;
-pub use client::{DockerClient, GcRemoved, GcReport, labels};
+pub use client::{DockerClient, labels};
 pub use options::{
     DEFAULT_SOCKET, DockerOptions, ExtraMount, ExtraMounts, HostSettings, PullPolicy, Ulimit,
 };

@@ -12,9 +12,9 @@ use bollard::query_parameters::CreateContainerOptionsBuilder;
 use common::{BUSYBOX, DEBIAN, Sweep, docker, options, remove};
 use sandbox_core::testkit::{Env, read, sh};
 use sandbox_core::{
-    CallContext, EntryType, Error, ExecRequest, ImportMode, IsolationKey, IsolationScope,
-    MemoryStateStore, Persistence, RelPath, Sandbox, SandboxClient, SandboxConfig, StateStore,
-    WorkspaceSpec, state_from_json,
+    BoxGcOptions, CallContext, EntryType, Error, ExecRequest, ImportMode, IsolationKey,
+    IsolationScope, MemoryStateStore, Persistence, RelPath, Sandbox, SandboxClient, SandboxConfig,
+    SandboxManager, StateStore, WorkspaceSpec, state_from_json,
 };
 use sandbox_docker::{DockerClient, DockerOptions, DockerState, ExtraMount, PullPolicy, labels};
 
@@ -76,7 +76,8 @@ async fn engine_down_is_unavailable_and_persists_nothing() {
     let err = m
         .call(&ctx, |_| async {})
         .await
-        .expect_err("engine is down");
+        .expect_err("engine is down")
+        .error;
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
     assert!(err.is_retryable());
     let k = IsolationKey::resolve(IsolationScope::Session, &ctx).expect("key");
@@ -107,7 +108,7 @@ async fn foreign_container_name_is_a_conflict() {
 
 #[tokio::test]
 #[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
-async fn gc_removes_only_what_it_owns() {
+async fn gc_removes_only_what_it_owns_and_never_a_box_in_use() {
     let o = options(BUSYBOX).persistence(Persistence::Keep);
     let prefix = o.name_prefix.clone();
     let (c, _sweep) = client(o.clone());
@@ -124,7 +125,7 @@ async fn gc_removes_only_what_it_owns() {
         .into(),
     )
     .await;
-    let states = MemoryStateStore::new();
+    let states = Arc::new(MemoryStateStore::new());
     // Ours, stopped, with stored state: kept. Ours, stopped, without state: removed.
     let with_state = key("with-state");
     let orphan = key("orphan");
@@ -132,8 +133,8 @@ async fn gc_removes_only_what_it_owns() {
         let sb = started(&c, WorkspaceSpec::default(), Some(k)).await;
         sb.shutdown().await.expect("stop");
     }
-    states.save(&with_state, "{}", None).await.expect("save");
-    // Ours, expired (max age 0), running.
+    sandbox_core::testkit::seed_state(&*states, &with_state, "{}").await;
+    // Ours, expired (max age 0), running, no call on it: removed.
     let (expired_client, _s2) = client(o.clone().max_age(Duration::ZERO));
     let expired = started(
         &expired_client,
@@ -141,24 +142,52 @@ async fn gc_removes_only_what_it_owns() {
         Some(&key("expired")),
     )
     .await;
-    let report = c.gc(Some(&states), Duration::ZERO).await.expect("gc");
-    let mut removed: Vec<_> = report.removed.iter().map(|r| r.name.clone()).collect();
+    // Ours, expired, with a call running in it: never removed.
+    let guard = Arc::new(sandbox_core::InProcessGuard::new());
+    let busy_manager = SandboxManager::builder(expired_client.clone())
+        .state_store(states.clone())
+        .guard(guard.clone())
+        .build()
+        .expect("manager");
+    let busy_ctx = CallContext::new("docker-tests").session("busy");
+    let busy = busy_manager
+        .begin(&busy_ctx, sandbox_core::Acquire::Auto)
+        .await
+        .expect("a call in progress");
+    let gc = SandboxManager::builder(c.clone())
+        .state_store(states.clone())
+        .guard(guard)
+        .build()
+        .expect("manager");
+    let report = gc
+        .gc(BoxGcOptions::default().older_than(Duration::ZERO))
+        .await
+        .expect("gc");
+    let mut removed = report.boxes_removed.clone();
     removed.sort();
     let mut expected = vec![c.container_name(&orphan), c.container_name(&key("expired"))];
     expected.sort();
     assert_eq!(removed, expected, "{report:?}");
-    assert_eq!(report.kept, 1);
+    assert_eq!(
+        (report.boxes_kept, report.boxes_in_use),
+        (1, 1),
+        "{report:?}"
+    );
     let d = docker();
     for name in [
         &foreign_plain,
         &foreign_other,
         &c.container_name(&with_state),
+        &c.container_name(&key("busy")),
     ] {
         assert!(
             d.inspect_container(name, None).await.is_ok(),
             "{name} must survive gc"
         );
     }
+    // The call in the box gc left alone still works and finishes.
+    sh(busy.sandbox(), "echo still-here > s.txt").await;
+    busy.finish().await.expect("finish");
     remove(&d, &foreign_plain).await;
     remove(&d, &foreign_other).await;
     drop(expired);

@@ -105,7 +105,7 @@ async fn sandbox() -> Fixture {
     let client = sandbox_local::LocalClient::new(
         sandbox_local::LocalOptions::default().base_dir(tmp.path().join("boxes")),
     );
-    let manager = SandboxManager::builder(Arc::new(client)).build();
+    let manager = SandboxManager::builder(Arc::new(client)).build().unwrap();
     let call = manager
         .begin(&CallContext::new("suite"), Acquire::Auto)
         .await

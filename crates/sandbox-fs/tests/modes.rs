@@ -361,7 +361,8 @@ async fn concurrent_calls_each_get_their_own_sandbox() {
     );
     let manager = SandboxManager::builder(Arc::new(client))
         .scope(IsolationScope::User)
-        .build();
+        .build()
+        .unwrap();
     let agent = Arc::new(filesystem(FilesystemSpec::sandbox(manager)).unwrap());
     assert!(agent.has_shell());
     let mut tasks = Vec::new();

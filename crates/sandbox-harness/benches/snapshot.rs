@@ -335,6 +335,8 @@ impl Bench {
                 snapshot::GcOptions::default()
                     .keep_last(1)
                     .grace(Duration::ZERO),
+                // No states: the bench's snapshots are taken directly, none is pinned.
+                &sandbox_harness::MemoryStateStore::new(),
             ))
             .expect("gc");
         let gc_ms = ms(started.elapsed());

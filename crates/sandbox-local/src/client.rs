@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sandbox_core::{
-    BoxHandle, Capabilities, CreateRequest, Error, Result, SandboxClient, SandboxState,
-    WorkspaceSpec, not_supported,
+    BoxHandle, Capabilities, CreateRequest, Error, ExecFeatures, OwnedBox, Result, SandboxClient,
+    SandboxState, WorkspaceSpec, not_supported,
 };
 
 use crate::BACKEND;
@@ -113,6 +113,18 @@ fn check_box_dir(box_dir: &Path, base: &Path) -> Result<()> {
     }
 }
 
+/// The owner marker of `box_dir`, `None` if there is none (or no directory).
+fn read_marker(box_dir: &Path) -> Result<Option<fsutil::Marker>> {
+    let path = box_dir.join(fsutil::MARKER);
+    match std::fs::read(&path) {
+        Ok(bytes) => Ok(serde_json::from_slice::<fsutil::Marker>(&bytes)
+            .ok()
+            .filter(|m| m.backend == BACKEND)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
 async fn check_owner(box_dir: PathBuf, key: Option<String>) -> Result<()> {
     tokio::task::spawn_blocking(move || fsutil::check_owner(&box_dir, key.as_deref()))
         .await
@@ -133,6 +145,7 @@ impl SandboxClient for LocalClient {
         caps.isolated = false;
         // Export and import are plain file operations on the host: they never block each other.
         caps.concurrent_transfers = true;
+        caps.exec = ExecFeatures::all();
         caps
     }
 
@@ -170,6 +183,55 @@ impl SandboxClient for LocalClient {
             state.key.clone(),
             spec,
         )?))
+    }
+
+    async fn list_owned(&self) -> Result<Vec<OwnedBox>> {
+        let base = self.base_dir().await?;
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            for entry in std::fs::read_dir(&base).map_err(|e| Error::io(&base, e))? {
+                let entry = entry.map_err(|e| Error::io(&base, e))?;
+                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                    continue;
+                };
+                if !fsutil::is_box_name(&name) {
+                    continue;
+                }
+                // Only directories with our marker are ours.
+                if let Some(marker) = read_marker(&entry.path())? {
+                    out.push(OwnedBox::new(
+                        name,
+                        marker.key,
+                        Some(marker.created_unix_ms as i64),
+                    ));
+                }
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| Error::backend(BACKEND, "list_owned", e.to_string()))?
+    }
+
+    async fn remove_owned(&self, id: &str) -> Result<()> {
+        let base = self.base_dir().await?;
+        let box_dir = base.join(id);
+        check_box_dir(&box_dir, &base)?;
+        tokio::task::spawn_blocking(move || {
+            let Some(marker) = read_marker(&box_dir)? else {
+                return if box_dir.exists() {
+                    Err(Error::Conflict {
+                        key: box_dir.display().to_string(),
+                        reason: "no owner marker: not a box of this backend".into(),
+                    })
+                } else {
+                    Ok(())
+                };
+            };
+            fsutil::check_owner(&box_dir, marker.key.as_deref())?;
+            fsutil::remove_any(&box_dir).map_err(|e| Error::io(&box_dir, e))
+        })
+        .await
+        .map_err(|e| Error::backend(BACKEND, "remove_owned", e.to_string()))?
     }
 
     async fn delete(&self, state: &dyn SandboxState) -> Result<()> {

@@ -301,6 +301,11 @@ impl BoxHandle for LocalBox {
         }
     }
 
+    async fn park(&self) -> Result<()> {
+        // A box is a directory: kept is simply not removed.
+        Ok(())
+    }
+
     #[tracing::instrument(skip_all, fields(backend = BACKEND, box_dir = %self.inner.box_dir.display()))]
     async fn destroy(&self) -> Result<()> {
         self.blocking("destroy", Inner::remove_box).await

@@ -263,7 +263,8 @@ async fn manager_calls_restore_ephemeral_boxes_and_warm_start_kept_ones() {
         let manager =
             SandboxManager::builder(Arc::new(client(&dir.path().join("boxes"), persistence)))
                 .config(config)
-                .build();
+                .build()
+                .unwrap();
         let (branch, out) = run_call(&manager, "echo v1 > data.txt; cat README.md").await;
         assert_eq!(branch, StartBranch::Cold);
         assert_eq!(out, "read me\n");

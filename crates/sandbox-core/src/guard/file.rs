@@ -227,7 +227,9 @@ async fn renew(held: Arc<Held>, ttl: Duration, lost: CancellationToken) {
                 return;
             }
             // A failed renewal is retried until the deadline passes.
-            Err(e) => tracing::warn!(path = %held.path.display(), error = %e, "lease renewal failed"),
+            Err(e) => {
+                tracing::warn!(path = %held.path.display(), error = %e, "lease renewal failed")
+            }
         }
     }
 }
@@ -269,7 +271,8 @@ fn free(held: &Held) -> Result<()> {
 #[async_trait]
 impl LeaseHandle for FileLease {
     fn is_lost(&self) -> bool {
-        self.lost.is_cancelled() || Instant::now() >= *self.held.deadline.lock().expect("deadline lock")
+        self.lost.is_cancelled()
+            || Instant::now() >= *self.held.deadline.lock().expect("deadline lock")
     }
 
     async fn release(&mut self) -> Result<()> {
@@ -367,7 +370,9 @@ fn update<T>(path: &Path, f: impl FnOnce(&mut Record) -> Option<T>) -> Result<Op
         let mut tmp = tempfile::NamedTempFile::new_in(parent).map_err(|e| Error::io(parent, e))?;
         tmp.write_all(&serde_json::to_vec(&rec).expect("record serializes"))
             .map_err(|e| Error::io(tmp.path(), e))?;
-        tmp.as_file().sync_all().map_err(|e| Error::io(tmp.path(), e))?;
+        tmp.as_file()
+            .sync_all()
+            .map_err(|e| Error::io(tmp.path(), e))?;
         tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
     }
     Ok(out)

@@ -304,8 +304,20 @@ mod tests {
     async fn the_global_guard_is_shared() {
         let k = guards::key("global-shared");
         let a = InProcessGuard::global().enter(&k).await.unwrap();
-        assert!(InProcessGuard::global().try_enter(&k).await.unwrap().is_none());
+        assert!(
+            InProcessGuard::global()
+                .try_enter(&k)
+                .await
+                .unwrap()
+                .is_none()
+        );
         a.release().await.unwrap();
-        assert!(InProcessGuard::global().try_enter(&k).await.unwrap().is_some());
+        assert!(
+            InProcessGuard::global()
+                .try_enter(&k)
+                .await
+                .unwrap()
+                .is_some()
+        );
     }
 }

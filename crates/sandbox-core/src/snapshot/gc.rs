@@ -223,7 +223,9 @@ pub async fn gc(
         let doomed: HashSet<&BlobKey> = if pinned_namespaces.contains(ns) {
             HashSet::new()
         } else {
-            excess(keys, options.keep_last, &pinned).into_iter().collect()
+            excess(keys, options.keep_last, &pinned)
+                .into_iter()
+                .collect()
         };
         for key in keys {
             seen.insert(key.clone());

@@ -33,11 +33,17 @@ async fn excludes_across_instances(make: &(dyn Fn() -> Arc<dyn SandboxExecutionG
     let (a, b) = (make(), make());
     let k = key("exclusion");
     let held = a.enter(&k).await.expect("enter");
-    assert!(b.try_enter(&k).await.expect("try_enter").is_none(), "a held key is not free");
+    assert!(
+        b.try_enter(&k).await.expect("try_enter").is_none(),
+        "a held key is not free"
+    );
     let k2 = k.clone();
     let waiter = tokio::spawn(async move { b.enter(&k2).await.expect("enter") });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!waiter.is_finished(), "a waiter waits while the key is held");
+    assert!(
+        !waiter.is_finished(),
+        "a waiter waits while the key is held"
+    );
     held.release().await.expect("release");
     let next = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
@@ -70,7 +76,9 @@ async fn tokens_increase_per_key(make: &(dyn Fn() -> Arc<dyn SandboxExecutionGua
     }
 }
 
-async fn dropping_a_lease_frees_the_key(make: &(dyn Fn() -> Arc<dyn SandboxExecutionGuard> + Sync)) {
+async fn dropping_a_lease_frees_the_key(
+    make: &(dyn Fn() -> Arc<dyn SandboxExecutionGuard> + Sync),
+) {
     let k = key("drop");
     drop(make().enter(&k).await.expect("enter"));
     // A guard may release a dropped lease in the background.
@@ -81,7 +89,10 @@ async fn dropping_a_lease_frees_the_key(make: &(dyn Fn() -> Arc<dyn SandboxExecu
             lease.release().await.expect("release");
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "a dropped lease was never freed");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a dropped lease was never freed"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -92,11 +103,16 @@ async fn a_held_lease_stays_valid(make: &(dyn Fn() -> Arc<dyn SandboxExecutionGu
     // Longer than the short TTLs the suite's callers configure: renewal must keep it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!lease.is_lost(), "a renewed lease is not lost");
-    assert!(make().try_enter(&k).await.expect("try_enter").is_none(), "still held");
+    assert!(
+        make().try_enter(&k).await.expect("try_enter").is_none(),
+        "still held"
+    );
     lease.release().await.expect("release");
 }
 
-async fn contended_updates_lose_nothing(make: &(dyn Fn() -> Arc<dyn SandboxExecutionGuard> + Sync)) {
+async fn contended_updates_lose_nothing(
+    make: &(dyn Fn() -> Arc<dyn SandboxExecutionGuard> + Sync),
+) {
     let k = key("contended");
     let counter = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();

@@ -710,7 +710,7 @@ pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
         config,
     );
     let ctx = env.ctx().session("midway");
-    call(&m, &ctx, |sb| async move {
+    let first = call(&m, &ctx, |sb| async move {
         sh(&sb, "echo good > g.txt").await;
     })
     .await;
@@ -725,8 +725,16 @@ pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
     let report = err.report.expect("the report comes with the error");
     assert!(report.parked && !report.persisted, "{report:?}");
     assert!(report.state_json.is_some(), "the state JSON is not lost");
-    // The stored state still points at the first snapshot, which restores...
-    checkpoint_holds(&m, &ctx, env.states.load(&key_of(&m, &ctx)).await.expect("load").as_deref(), "g.txt", "good\n").await;
+    // The stored state still points at the first, complete snapshot...
+    let stored = env.states.load(&key_of(&m, &ctx)).await.expect("load");
+    assert_eq!(
+        snapshot_of(stored.as_deref()),
+        snapshot_of(first.state_json.as_deref())
+    );
+    let snap = snapshot_of(stored.as_deref()).expect("a snapshot");
+    crate::snapshot::load_manifest(&env.snapshot_spec(), &snap)
+        .await
+        .expect("the stored state's snapshot is intact");
     failing.heal();
     // ...and the box that holds the failed call's work was kept: the next call finds it.
     let r = call(&m, &ctx, |sb| async move {
@@ -767,7 +775,11 @@ pub async fn bad_state_is_a_typed_error(fx: &dyn Fixture) {
         ),
     ] {
         seed_state(&*env.states, &key, json).await;
-        let err = m.call(&ctx, |_| async {}).await.expect_err("bad state").error;
+        let err = m
+            .call(&ctx, |_| async {})
+            .await
+            .expect_err("bad state")
+            .error;
         assert!(check(&err), "{json}: {err}");
         assert_eq!(
             env.states.load(&key).await.expect("load").as_deref(),
@@ -784,7 +796,12 @@ pub async fn user_managed_sandbox_is_shared(fx: &dyn Fixture) {
     let client = fx.client(Persistence::Ephemeral).await;
     let parent = env.manager(client.clone(), IsolationScope::Session, snap_config(&env));
     let child = env.manager(client, IsolationScope::Session, snap_config(&env));
-    let shared = parent.create_external(None).await.expect("create");
+    // Its snapshots live under the key it was made for.
+    let box_key = IsolationKey::resolve(IsolationScope::Agent, &env.ctx()).expect("key");
+    let shared = parent
+        .create_external(Some(&box_key))
+        .await
+        .expect("create");
     let r = parent
         .call_with(
             &CallContext::new("parent").session("p"),
@@ -974,6 +991,15 @@ async fn cleanup(m: &SandboxManager, ctx: &CallContext) {
     m.delete(ctx).await.expect("delete");
 }
 
+/// The snapshot a state JSON points at.
+pub fn snapshot_of(state_json: Option<&str>) -> Option<crate::snapshot::SnapshotRef> {
+    state_from_json(state_json?)
+        .expect("state")
+        .common()
+        .snapshot
+        .clone()
+}
+
 /// Store `json` as `key`'s state the way a holder would: registered, then saved.
 pub async fn seed_state(states: &dyn StateStore, key: &IsolationKey, json: &str) {
     let token = states.fence(key, None).await.expect("fence");
@@ -1121,7 +1147,10 @@ pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
         .call(&ctx, |_| async {})
         .await
         .expect_err("tampered chunk");
-    assert!(matches!(err.error, Error::RestoreIncomplete { .. }), "{err}");
+    assert!(
+        matches!(err.error, Error::RestoreIncomplete { .. }),
+        "{err}"
+    );
     checkpoint_holds(
         &r2,
         &ctx,
@@ -1308,7 +1337,10 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
         .call_with(&dave, Acquire::State(first), |_| async {})
         .await
         .expect_err("retired");
-    assert!(matches!(err.error, Error::RestoreIncomplete { .. }), "{err}");
+    assert!(
+        matches!(err.error, Error::RestoreIncomplete { .. }),
+        "{err}"
+    );
 }
 
 /// Generate one `#[tokio::test]` per conformance scenario for a fixture expression, with
