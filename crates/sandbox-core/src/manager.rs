@@ -300,7 +300,7 @@ impl SandboxManagerBuilder {
         if states < need {
             return refuse(format!(
                 "the state store {} is shared by {states} only; it must be shared by {need}",
-                type_name(&*self.states)
+                type_name(&self.states)
             ));
         }
         let snapshots = self.config.snapshots.store.reach();
@@ -315,7 +315,7 @@ impl SandboxManagerBuilder {
             return refuse(format!(
                 "the guard {} serializes {guard} only, but the state store is shared by \
                  {states}: calls on one key from other processes would share a box",
-                type_name(&*self.guard)
+                type_name(&self.guard)
             ));
         }
         Ok(())
@@ -334,8 +334,14 @@ impl Requirement {
     }
 }
 
-fn type_name<T: ?Sized>(value: &T) -> &'static str {
-    std::any::type_name_of_val(value)
+/// The type's name as its `Debug` starts (a trait object hides its type from `type_name`).
+fn type_name(value: &dyn fmt::Debug) -> String {
+    let shown = format!("{value:?}");
+    shown
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// Options of [`SandboxManager::gc`].
@@ -800,6 +806,15 @@ impl ActiveCall {
     /// What `start` did.
     pub fn start_report(&self) -> Option<&StartReport> {
         self.inner.as_ref().and_then(|i| i.start.as_ref())
+    }
+
+    /// The fencing token the call's writes carry (registered with the state store): a side
+    /// effect of the caller's own can be fenced with it too.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.inner
+            .as_ref()
+            .and_then(|i| i.lease.as_ref())
+            .and_then(Lease::token)
     }
 
     /// Cancelled when the call's lease is lost (never, for a call without a lease): work on

@@ -27,9 +27,26 @@ impl Fixture for LocalFixture {
         ))
     }
 
+    async fn client_at(
+        &self,
+        persistence: Persistence,
+        shared: &std::path::Path,
+    ) -> Arc<dyn SandboxClient> {
+        Arc::new(LocalClient::new(
+            LocalOptions::default()
+                .base_dir(shared.join("boxes"))
+                .persistence(persistence),
+        ))
+    }
+
     async fn lose_box(&self, state: &dyn SandboxState) {
         let state = state.downcast::<LocalState>("local").expect("local state");
-        std::fs::remove_dir_all(&state.box_dir).expect("remove the box dir");
+        match std::fs::remove_dir_all(&state.box_dir) {
+            Ok(()) => {}
+            // An ephemeral box is already gone.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("remove the box dir: {e}"),
+        }
     }
 }
 

@@ -137,6 +137,11 @@ impl FileGuard {
         let ttl_ms = self.options.ttl.as_millis() as i64;
         let me = owner.clone();
         let granted = blocking(move || {
+            let busy = |e: Error| match e {
+                // A stalled process sits in the record's lock: the key counts as held.
+                Error::Timeout { .. } => Ok(None),
+                e => Err(e),
+            };
             update(&path, |rec| {
                 let now = now_ms();
                 if rec.owner.is_some() && rec.expires_unix_ms > now {
@@ -147,6 +152,7 @@ impl FileGuard {
                 rec.expires_unix_ms = now + ttl_ms;
                 Some(rec.token)
             })
+            .or_else(busy)
         })
         .await?;
         let Some(token) = granted else {
@@ -344,20 +350,40 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .map_err(|e| Error::backend("file-guard", "lease", e.to_string()))?
 }
 
+/// How long [`update`] waits for the record's lock before giving up: a holder that was
+/// stopped inside its (microseconds long) critical section must not stall everyone.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
 /// Read the record at `path`, let `f` change it, and write it back if `f` returns `Some` —
-/// all under the key's `flock`.
+/// all under the key's `flock`. The write is not fsynced: after a crash a token may be
+/// forgotten, but the next one is seeded from the clock and still exceeds it.
 fn update<T>(path: &Path, f: impl FnOnce(&mut Record) -> Option<T>) -> Result<Option<T>> {
     let parent = path.parent().expect("lease paths have a parent");
     std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     let lock_path = path.with_extension("lease.lock");
-    let file = std::fs::OpenOptions::new()
+    let mut file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&lock_path)
         .map_err(|e| Error::io(&lock_path, e))?;
-    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| Error::io(&lock_path, e.into()))?;
+    let started = Instant::now();
+    let _lock = loop {
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => break lock,
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if started.elapsed() < LOCK_WAIT => {
+                file = f;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(Error::Timeout {
+                    operation: format!("locking the lease record {}", lock_path.display()),
+                    after: started.elapsed(),
+                });
+            }
+            Err((_, e)) => return Err(Error::io(&lock_path, e.into())),
+        }
+    };
     let mut rec = match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| Error::MalformedState {
             reason: format!("lease record {}: {e}", path.display()),

@@ -11,6 +11,8 @@
 //! Scenarios only use POSIX `sh` utilities (`cat`, `echo`, `printf`, `test`, `sleep`, `kill`)
 //! inside the box, so they run on minimal images too.
 
+pub mod faults;
+pub mod faulty;
 pub mod guards;
 pub mod raw_tar;
 mod stores;
@@ -50,6 +52,18 @@ pub trait Fixture: Send + Sync + 'static {
     /// Destroy the box `state` describes without going through the library (a container
     /// killed by an operator, a directory wiped).
     async fn lose_box(&self, state: &dyn SandboxState);
+
+    /// A client whose boxes live at `shared` (a directory another OS process of the same
+    /// test also uses), for the cross-process scenarios. Backends whose boxes live in a
+    /// shared service (a container engine) ignore `shared`.
+    async fn client_at(
+        &self,
+        persistence: Persistence,
+        shared: &std::path::Path,
+    ) -> Arc<dyn SandboxClient> {
+        let _ = shared;
+        self.client(persistence).await
+    }
 }
 
 /// Per-scenario environment: temporary stores and unique names.
@@ -1356,6 +1370,35 @@ macro_rules! conformance_tests {
             exec_basics hostile_snapshot_rejected failed_snapshot_keeps_previous
             bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
             bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas retention_and_gc chunked_restore_reuses_live_files);
+        $crate::conformance_tests!(@faults [$fixture] [$(#[$attr])*]
+            faults_cancellation_sweep faults_fault_sweep faults_same_key_concurrency
+            faults_unserializable_state_is_reported faults_retention_after_failed_saves
+            faults_gc_interleaving faults_unkeyed_calls_leave_no_snapshots
+            faults_missing_exec_features_are_refused faults_unsafe_setups_fail_at_build);
+        $crate::conformance_tests!(@processes [$fixture] [$(#[$attr])*]
+            faults_two_processes_one_key faults_stale_holder_fencing);
+    };
+    (@faults [$fixture:expr] $attrs:tt $($name:ident)*) => {
+        $( $crate::conformance_tests!(@fault [$fixture] $attrs $name); )*
+    };
+    (@fault [$fixture:expr] [$(#[$attr:meta])*] $name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        $(#[$attr])*
+        async fn $name() {
+            let fixture = $fixture;
+            $crate::testkit::faults::$name(&fixture).await;
+        }
+    };
+    (@processes [$fixture:expr] $attrs:tt $($name:ident)*) => {
+        $( $crate::conformance_tests!(@process [$fixture] $attrs $name); )*
+    };
+    (@process [$fixture:expr] [$(#[$attr:meta])*] $name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        $(#[$attr])*
+        async fn $name() {
+            let fixture = $fixture;
+            $crate::testkit::faults::$name(&fixture, stringify!($name)).await;
+        }
     };
     // The attribute list travels as one token tree: expanding `$attr` (one repetition level)
     // inside the repetition over `$name` is refused by macro_rules ("`attr` repeats 0 times,
