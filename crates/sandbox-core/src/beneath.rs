@@ -262,14 +262,12 @@ impl Dir {
         Ok(self.child(fd, rel.as_str()))
     }
 
-    /// Metadata of `rel` as [`Dir::read_file_anchored`] resolves it (a final symlink followed).
-    pub fn metadata_anchored(
-        &self,
-        rel: &RelPath,
-        anchors: &[Anchor<'_>],
-    ) -> io::Result<fs::Metadata> {
+    /// A handle on `rel` as [`Dir::read_file_anchored`] resolves it (a final symlink followed),
+    /// opened with `O_PATH`: for its metadata and whereabouts, not its content (so opening a
+    /// fifo does not block).
+    pub fn open_path_anchored(&self, rel: &RelPath, anchors: &[Anchor<'_>]) -> io::Result<fs::File> {
         let fd = self.resolve_anchored(rel, OFlags::PATH, anchors)?;
-        fs::File::from(fd).metadata()
+        Ok(fs::File::from(fd))
     }
 
     /// The kernel's resolution first (it refuses every absolute target); only a refusal is

@@ -27,7 +27,10 @@ impl Counts {
         self.operations.fetch_add(1, Ordering::Relaxed);
         if race::leaked(text.as_bytes()) || text.contains(OUTSIDE_ONLY) {
             self.outside_reads.fetch_add(1, Ordering::Relaxed);
-            eprintln!("outside read by {what}: {}", text.lines().next().unwrap_or(""));
+            eprintln!(
+                "outside read by {what}: {}",
+                text.lines().next().unwrap_or("")
+            );
         }
     }
 
@@ -129,7 +132,8 @@ async fn local_fs_tools_never_reach_outside_while_paths_are_swapped() {
     let arenas = [
         ws.join("w"),
         project.join("p"),
-        ws.join(sandbox_core::encode_component("alice")).join("memory"),
+        ws.join(sandbox_core::encode_component("alice"))
+            .join("memory"),
     ];
     for arena in &arenas {
         race::make_arena(arena).unwrap();
