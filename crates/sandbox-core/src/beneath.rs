@@ -265,7 +265,11 @@ impl Dir {
     /// A handle on `rel` as [`Dir::read_file_anchored`] resolves it (a final symlink followed),
     /// opened with `O_PATH`: for its metadata and whereabouts, not its content (so opening a
     /// fifo does not block).
-    pub fn open_path_anchored(&self, rel: &RelPath, anchors: &[Anchor<'_>]) -> io::Result<fs::File> {
+    pub fn open_path_anchored(
+        &self,
+        rel: &RelPath,
+        anchors: &[Anchor<'_>],
+    ) -> io::Result<fs::File> {
         let fd = self.resolve_anchored(rel, OFlags::PATH, anchors)?;
         Ok(fs::File::from(fd))
     }
