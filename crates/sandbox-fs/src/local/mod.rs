@@ -370,6 +370,11 @@ fn whereabouts(handle: &impl AsFd) -> Option<PathBuf> {
     fs::read_link(format!("/proc/self/fd/{}", handle.as_fd().as_raw_fd())).ok()
 }
 
+/// A directory's identity (device, inode).
+fn dir_id(dir: &Dir) -> Option<(u64, u64)> {
+    dir.dir_metadata().ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// Whether the entry `name` of `dir` is a marked user directory (looked at through the handle,
 /// a symlink there is not followed).
 fn is_user_dir(dir: &Dir, name: &str) -> bool {
@@ -488,6 +493,15 @@ impl LocalFs {
         let dir = match ws.dir.open_subdir(user) {
             Ok(dir) => dir,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            // A symlink (or a file) where the user's directory belongs.
+            Err(e)
+                if e.kind() == io::ErrorKind::NotADirectory || beneath::refusal(&e).is_some() =>
+            {
+                return Err(Error::path_escape(
+                    user,
+                    "the user's directory is not a real directory (a symlink or a file is in its place)",
+                ));
+            }
             Err(e) => return Err(Error::io(&path, e)),
         };
         if create {
@@ -815,13 +829,9 @@ impl LocalFs {
         dir_is_ws && kind == Kind::Dir && is_user_dir(dir, name)
     }
 
-    /// Whether `dir` is the workspace root (by identity, whatever path reached it).
-    fn is_workspace(&self, dir: &Dir) -> bool {
-        let same = |a: &fs::Metadata, b: &fs::Metadata| a.dev() == b.dev() && a.ino() == b.ino();
-        match (dir.dir_metadata(), self.inner.workspace.dir.dir_metadata()) {
-            (Ok(a), Ok(b)) => same(&a, &b),
-            _ => false,
-        }
+    /// The workspace root's identity (device, inode), to recognise it whatever path reached it.
+    fn workspace_id(&self) -> Option<(u64, u64)> {
+        dir_id(&self.inner.workspace.dir)
     }
 
     // ---- blocking operations ------------------------------------------------------
@@ -1004,7 +1014,7 @@ impl LocalFs {
             };
             self.check_whereabouts(&dir, &abs, raw)?;
             any_dir = true;
-            let dir_is_ws = self.is_workspace(&dir);
+            let dir_is_ws = dir_id(&dir).is_some_and(|id| Some(id) == self.workspace_id());
             for entry in dir.entries().map_err(|e| Error::io(&abs, e))? {
                 let Some(name) = entry.name.to_str() else {
                     continue;
@@ -1070,6 +1080,7 @@ impl LocalFs {
             Target::View(_) => self.overridden_skills()?,
             Target::Direct { .. } => Vec::new(),
         };
+        let ws_id = self.workspace_id();
         for cand in self.candidates(&target)? {
             let abs = cand.place.abs();
             let (handle, meta) = match cand.place.stat(&anchors) {
@@ -1114,7 +1125,7 @@ impl LocalFs {
                     continue;
                 };
                 let dir = Rc::new(dir);
-                let dir_is_ws = self.is_workspace(&dir);
+                let dir_is_ws = dir_id(&dir).is_some_and(|id| Some(id) == ws_id);
                 for entry in entries {
                     let Some(name) = entry.name.to_str() else {
                         continue;
