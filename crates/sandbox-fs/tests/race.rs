@@ -67,7 +67,7 @@ async fn round(fs: &LocalFs, tools: &Tools, a: &str, n: u64, counts: &Counts) {
         .await;
     counts.saw("grep_files", &out.text);
 
-    let (old, new) = if n % 2 == 0 {
+    let (old, new) = if n.is_multiple_of(2) {
         ("token", "t0ken")
     } else {
         ("t0ken", "token")
