@@ -72,11 +72,19 @@ pub struct Anchor<'a> {
     pub dir: &'a Dir,
 }
 
+/// Environment variable that, when set, makes every resolution use the portable walk instead
+/// of `openat2` (to run the race tests over the walk, or where `openat2` misbehaves).
+pub const FORCE_WALK_ENV: &str = "SANDBOX_BENEATH_WALK";
+
 /// Whether `openat2` with `RESOLVE_BENEATH` works here (not on kernels before 5.6, nor under
-/// seccomp filters that refuse it). Probed once.
+/// seccomp filters that refuse it) and is not turned off by [`FORCE_WALK_ENV`]. Probed once.
 fn openat2_works() -> bool {
     static WORKS: OnceLock<bool> = OnceLock::new();
     *WORKS.get_or_init(|| {
+        if std::env::var_os(FORCE_WALK_ENV).is_some() {
+            tracing::debug!("{FORCE_WALK_ENV} set: resolving paths component by component");
+            return false;
+        }
         #[cfg(target_os = "linux")]
         {
             let works = rustix::fs::openat2(
