@@ -6,6 +6,13 @@
 //! user bound ([`LocalFs::for_user`]) a third layer, `workspace/<user>/`, sits on top for
 //! user-level paths (`MEMORY.md`, `memory/`, `agents/`, `plans/`, `skills/`), and a user's
 //! `skills/<name>/` hides the shared skill of that name entirely.
+//!
+//! Every layer is a directory *handle*: the roots are opened once, in [`LocalFs::new`], and a
+//! path's text is checked first (`..`, NUL, absolute roots, other users), then resolved by the
+//! kernel beneath the handle of the layer it belongs to (`sandbox_core::beneath`). Nothing is
+//! checked on a path and then used by re-reading that path, so a shell swapping names or parent
+//! directories for symlinks to elsewhere cannot redirect an operation. Only the `Unrestricted`
+//! policy, which has no root, uses plain paths.
 
 mod options;
 mod shell;
@@ -351,9 +358,10 @@ fn is_missing(e: &io::Error) -> bool {
 }
 
 /// The typed error of a failed host operation on `raw` (shown on the host as `abs`): a
-/// resolution that would leave its root is a path escape.
+/// resolution that would leave its root (`EXDEV`) is a path escape. (`ELOOP` from a resolution
+/// that follows links beneath its root is a loop of links, an I/O error as before.)
 fn fs_error(raw: &str, abs: &Path, e: io::Error) -> Error {
-    if e.raw_os_error() == Some(EXDEV) {
+    if e.kind() == io::ErrorKind::CrossesDevices {
         return Error::path_escape(
             raw,
             "resolves (through a symlink) to a place outside the allowed roots",
@@ -361,9 +369,6 @@ fn fs_error(raw: &str, abs: &Path, e: io::Error) -> Error {
     }
     Error::io(abs, e)
 }
-
-/// `EXDEV`: from a resolution, "would leave its root"; from `rename`, "another filesystem".
-const EXDEV: i32 = 18;
 
 /// Where the kernel says an open handle is now (Linux's `/proc/self/fd`).
 fn whereabouts(handle: &impl AsFd) -> Option<PathBuf> {
@@ -971,7 +976,8 @@ impl LocalFs {
         match src_parent.rename_noreplace(&src_name, &dst_parent, &dst_name) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(conflict(to)),
-            Err(e) if e.raw_os_error() == Some(EXDEV) => {
+            // From a rename (no resolution), EXDEV means another filesystem.
+            Err(e) if e.kind() == io::ErrorKind::CrossesDevices => {
                 // Another filesystem: copy (following no link), then remove the original.
                 src_parent
                     .copy_all(&src_name, &dst_parent, &dst_name)
@@ -1080,7 +1086,6 @@ impl LocalFs {
             Target::View(_) => self.overridden_skills()?,
             Target::Direct { .. } => Vec::new(),
         };
-        let ws_id = self.workspace_id();
         for cand in self.candidates(&target)? {
             let abs = cand.place.abs();
             let (handle, meta) = match cand.place.stat(&anchors) {
@@ -1104,80 +1109,89 @@ impl LocalFs {
             let Ok(top) = cand.place.open_dir(&anchors) else {
                 continue;
             };
-            // Directories still to read: the parent's handle (shared, so at most one handle
-            // per level stays open) and the name in it. Subdirectories are opened without
-            // following a symlink, so the walk never leaves the directory it started in.
-            type Pending = (Option<(Rc<Dir>, String)>, PathBuf, String);
-            let mut stack: Vec<Pending> = vec![(None, abs.clone(), base)];
-            let mut top = Some(top);
-            while let Some((from, dir_path, shown)) = stack.pop() {
-                let dir = match from {
-                    None => match top.take() {
-                        Some(dir) => dir,
-                        None => continue,
-                    },
-                    Some((parent, name)) => match parent.open_subdir(&name) {
-                        Ok(dir) => dir,
-                        Err(_) => continue,
-                    },
-                };
-                let Ok(entries) = dir.entries() else {
-                    continue;
-                };
-                let dir = Rc::new(dir);
-                let dir_is_ws = dir_id(&dir).is_some_and(|id| Some(id) == ws_id);
-                for entry in entries {
-                    let Some(name) = entry.name.to_str() else {
-                        continue;
-                    };
-                    if name == ".git" || self.hidden(&dir, dir_is_ws, &dir_path, name, entry.kind) {
-                        continue;
-                    }
-                    let path = if shown.is_empty() {
-                        name.to_owned()
-                    } else {
-                        format!("{}/{name}", shown.trim_end_matches('/'))
-                    };
-                    if cand.layer > 0 && overridden.iter().any(|o| path.starts_with(o.as_str())) {
-                        continue;
-                    }
-                    if entry.kind == Kind::Dir {
-                        stack.push((
-                            Some((dir.clone(), name.to_owned())),
-                            dir_path.join(name),
-                            path,
-                        ));
-                        continue;
-                    }
-                    if merged.contains_key(&path) {
-                        continue;
-                    }
-                    let Ok(meta) = dir.entry_metadata(name) else {
-                        continue;
-                    };
-                    if meta.is_dir() {
-                        // Replaced by a directory since the listing: read it too.
-                        stack.push((
-                            Some((dir.clone(), name.to_owned())),
-                            dir_path.join(name),
-                            path,
-                        ));
-                        continue;
-                    }
-                    if merged.len() >= WALK_LIMIT {
-                        tracing::warn!(limit = WALK_LIMIT, "walk stopped at its entry limit");
-                        return Ok(merged.into_values().collect());
-                    }
-                    let info = FileInfo::new(path.clone(), kind_of(&meta), size_of(&meta))
-                        .modified(meta.modified().ok());
-                    merged.insert(path, info);
-                }
+            let skipped = |path: &str| {
+                cand.layer > 0 && overridden.iter().any(|o| path.starts_with(o.as_str()))
+            };
+            if self.walk_tree(top, abs, base, &skipped, &mut merged) {
+                tracing::warn!(limit = WALK_LIMIT, "walk stopped at its entry limit");
+                return Ok(merged.into_values().collect());
             }
         }
         if !found {
             return Err(not_found(raw));
         }
         Ok(merged.into_values().collect())
+    }
+
+    /// Add the files under `top` (shown at `top_path` on the host, as `base` in the view) to
+    /// `merged`, where not there yet and not `skipped`. Subdirectories are opened from their
+    /// parent's handle without following a symlink, so the walk never leaves `top`; pending
+    /// ones keep their parent's handle (shared: at most one open handle per level). Returns
+    /// whether [`WALK_LIMIT`] stopped it.
+    fn walk_tree(
+        &self,
+        top: Dir,
+        top_path: PathBuf,
+        base: String,
+        skipped: &dyn Fn(&str) -> bool,
+        merged: &mut BTreeMap<String, FileInfo>,
+    ) -> bool {
+        type Pending = (Option<(Rc<Dir>, String)>, PathBuf, String);
+        let ws_id = self.workspace_id();
+        let mut top = Some(top);
+        let mut stack: Vec<Pending> = vec![(None, top_path, base)];
+        while let Some((from, dir_path, shown)) = stack.pop() {
+            let opened = match from {
+                None => top.take().ok_or(()),
+                Some((parent, name)) => parent.open_subdir(&name).map_err(drop),
+            };
+            // Swapped for a link or removed since it was listed: skipped.
+            let Ok(dir) = opened else { continue };
+            let Ok(entries) = dir.entries() else { continue };
+            let dir = Rc::new(dir);
+            let dir_is_ws = dir_id(&dir).is_some_and(|id| Some(id) == ws_id);
+            for entry in entries {
+                let Some(name) = entry.name.to_str() else {
+                    continue;
+                };
+                if name == ".git" || self.hidden(&dir, dir_is_ws, &dir_path, name, entry.kind) {
+                    continue;
+                }
+                let path = if shown.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{}/{name}", shown.trim_end_matches('/'))
+                };
+                if skipped(&path) || (entry.kind != Kind::Dir && merged.contains_key(&path)) {
+                    continue;
+                }
+                // Not following a link; an entry removed meanwhile is skipped.
+                let meta = match entry.kind {
+                    Kind::Dir => None,
+                    _ => match dir.entry_metadata(name) {
+                        Ok(meta) => Some(meta),
+                        Err(_) => continue,
+                    },
+                };
+                match meta {
+                    Some(meta) if !meta.is_dir() => {
+                        if merged.len() >= WALK_LIMIT {
+                            return true;
+                        }
+                        let info = FileInfo::new(path.clone(), kind_of(&meta), size_of(&meta))
+                            .modified(meta.modified().ok());
+                        merged.insert(path, info);
+                    }
+                    // A directory (perhaps one that replaced a file since the listing).
+                    _ => stack.push((
+                        Some((dir.clone(), name.to_owned())),
+                        dir_path.join(name),
+                        path,
+                    )),
+                }
+            }
+        }
+        false
     }
 
     async fn blocking<T, F>(&self, f: F) -> Result<T>
