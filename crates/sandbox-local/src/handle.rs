@@ -10,7 +10,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use sandbox_core::archive::{self, ArchivePolicy, Excludes};
-use sandbox_core::beneath::{Dir, Follow};
+use sandbox_core::beneath::{Anchor, Dir, Follow};
 use sandbox_core::stream::ByteStream;
 use sandbox_core::{
     BoxHandle, CommonState, Error, ExecRequest, ExecResult, ExportRequest, ImportMode, Persistence,
@@ -137,11 +137,24 @@ impl Inner {
     /// file is opened once, then checked and read through that handle.
     fn read_file(&self, path: &RelPath) -> Result<Bytes> {
         let abs = path.to_host(&self.workspace);
-        let (root, rel) = fsutil::route(self.workspace_dir()?, &self.links, path)
-            .map_err(|e| Error::io(&abs, e))?;
+        let workspace = self.workspace_dir()?;
+        let (root, rel) = fsutil::route(
+            workspace
+                .try_clone()
+                .map_err(|e| Error::io(&self.workspace, e))?,
+            &self.links,
+            path,
+        )
+        .map_err(|e| Error::io(&abs, e))?;
         let binds = fsutil::open_bind_roots(&self.links);
+        // An absolute link back into the workspace is followed too.
+        let mut anchors = fsutil::anchors(&binds);
+        anchors.push(Anchor {
+            path: &self.workspace,
+            dir: &workspace,
+        });
         let mut file = root
-            .read_file_anchored(&rel, &fsutil::anchors(&binds))
+            .read_file_anchored(&rel, &anchors)
             .map_err(|e| match e.kind() {
                 io::ErrorKind::NotFound => Error::NotFound {
                     what: "file",

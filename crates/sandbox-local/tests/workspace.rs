@@ -358,6 +358,12 @@ async fn bind_mount_paths_resolve_beneath_the_declared_host_directory() {
     );
     h.remove(&[rel("mnt/data/sub")]).await.unwrap();
     assert!(!host.path().join("sub").exists());
+    // An absolute link back into the workspace is followed for reads.
+    std::os::unix::fs::symlink(b.root().join("README.md"), b.root().join("abs_in")).unwrap();
+    h.write_file(&rel("README.md"), "readme".into(), 0o644)
+        .await
+        .unwrap();
+    assert_eq!(&h.read_file(&rel("abs_in")).await.unwrap()[..], b"readme");
     // Another absolute link into the host directory is followed for reads.
     std::os::unix::fs::symlink(host.path().join("shared.txt"), b.root().join("alias")).unwrap();
     assert_eq!(&h.read_file(&rel("alias")).await.unwrap()[..], b"from host");
