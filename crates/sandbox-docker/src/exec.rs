@@ -11,6 +11,13 @@
 //! never forks, so it works when the command filled the box's process limit (a fork bomb):
 //! the engine places the kill exec's own process in the box even then, but any fork inside
 //! would fail.
+//!
+//! What runs is never in the exec's configuration: the engine keeps that (exec inspect,
+//! `docker events`) and bollard logs request bodies at `debug`, and a command line or an
+//! environment value may be a secret. The exec runs a fixed launcher ([`LAUNCHER`]) that reads
+//! the command's script (working directory, environment, argv, all quoted; the agent's
+//! format) from stdin up to a random end line, then `exec`s it with the rest of stdin as the
+//! command's own.
 
 use std::time::{Duration, Instant};
 
@@ -44,6 +51,21 @@ pub(crate) struct ExecSpec {
     pub timeout: Duration,
 }
 
+/// Reads a script from stdin up to the line `$1` and runs it; the rest of stdin is the
+/// command's. `read` takes one byte at a time from a pipe (dash, bash and busybox alike), so
+/// nothing of the command's stdin is consumed. A script cut off before its end line is not
+/// run.
+const LAUNCHER: &str = r#"
+s=; ok=
+while IFS= read -r l; do
+  if [ "$l" = "$1" ]; then ok=1; break; fi
+  s="$s$l
+"
+done
+[ -n "$ok" ] || { echo "sandbox: the command did not arrive" >&2; exit 125; }
+eval "$s"
+"#;
+
 /// Run `spec` in `container` and collect its result.
 pub(crate) async fn run(
     engine: &Engine,
@@ -53,17 +75,25 @@ pub(crate) async fn run(
 ) -> Result<ExecResult> {
     let started = Instant::now();
     let marker = uuid::Uuid::new_v4().simple().to_string();
-    let mut env = spec.env;
-    env.push(format!("{MARKER_VAR}={marker}"));
+    let end = uuid::Uuid::new_v4().simple().to_string();
+    let mut header = crate::agent::script(&spec);
+    header.push_str(&end);
+    header.push('\n');
     let config = CreateExecOptions {
-        attach_stdin: Some(spec.stdin.is_some()),
+        attach_stdin: Some(true),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         tty: Some(false),
-        env: Some(env),
-        cmd: Some(spec.argv),
+        // The marker only: the launcher must carry it too, to be killed on a timeout.
+        env: Some(vec![format!("{MARKER_VAR}={marker}")]),
+        cmd: Some(vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            LAUNCHER.to_owned(),
+            "sandbox-exec".to_owned(),
+            end,
+        ]),
         user: spec.user.clone(),
-        working_dir: spec.cwd,
         ..Default::default()
     };
     let id = docker
@@ -90,15 +120,18 @@ pub(crate) async fn run(
             ));
         }
     };
-    // Feed stdin concurrently with reading output (a command may fill its stdout before it
-    // has read all of stdin), then half-close so the command sees end-of-file.
-    let mut input = Some(input);
-    let feeder = spec.stdin.map(|data| {
-        let mut input = input.take().expect("input once");
-        tokio::spawn(async move {
+    // Feed the launcher and then stdin concurrently with reading output (a command may fill
+    // its stdout before it has read all of stdin), then half-close so the command sees
+    // end-of-file.
+    let stdin = spec.stdin;
+    let feeder = tokio::spawn(async move {
+        let mut input = input;
+        if input.write_all(header.as_bytes()).await.is_ok()
+            && let Some(data) = stdin
+        {
             let _ = input.write_all(&data).await;
-            let _ = input.shutdown().await;
-        })
+        }
+        let _ = input.shutdown().await;
     });
 
     let mut stdout = CappedBuffer::new(spec.limits.stdout);
@@ -136,10 +169,7 @@ pub(crate) async fn run(
         }
     }
     drop(output);
-    drop(input);
-    if let Some(f) = feeder {
-        f.abort();
-    }
+    feeder.abort();
     let exit_code = exit_code(engine, docker, container, &id).await?;
     let output = CapturedOutput {
         stdout: stdout.finish(),
