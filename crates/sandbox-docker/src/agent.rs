@@ -297,9 +297,9 @@ impl Agent {
     }
 }
 
-/// The script the agent runs for `spec`: enter the directory, export the environment, exec
-/// the command. Every value is single-quoted.
-fn script(spec: &ExecSpec) -> String {
+/// The script the agent (and the engine exec's launcher) runs for `spec`: enter the
+/// directory, export the environment, exec the command. Every value is single-quoted.
+pub(crate) fn script(spec: &ExecSpec) -> String {
     let mut s = String::new();
     if let Some(cwd) = &spec.cwd {
         s.push_str(&format!(

@@ -6,8 +6,18 @@
 //! (`SANDBOX_EXEC_ID=<uuid>`), which every descendant inherits whatever it does with process
 //! groups, sessions or its parent (a daemonized grandchild keeps it). On timeout a second exec
 //! freezes every process carrying the marker, adds their descendants (for the rare child that
-//! cleared its environment), kills them all, and repeats until none is left. Only POSIX `sh`,
-//! `grep -z` and `/proc` are needed, so busybox and Debian images both work.
+//! cleared its environment), kills them all, and repeats until none is left. Only POSIX `sh`
+//! builtins and `/proc` are needed, so busybox and Debian images both work; and the script
+//! never forks, so it works when the command filled the box's process limit (a fork bomb):
+//! the engine places the kill exec's own process in the box even then, but any fork inside
+//! would fail.
+//!
+//! What runs is never in the exec's configuration: the engine keeps that (exec inspect,
+//! `docker events`) and bollard logs request bodies at `debug`, and a command line or an
+//! environment value may be a secret. The exec runs a fixed launcher ([`LAUNCHER`]) that reads
+//! the command's script (working directory, environment, argv, all quoted; the agent's
+//! format) from stdin up to a random end line, then `exec`s it with the rest of stdin as the
+//! command's own.
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +51,21 @@ pub(crate) struct ExecSpec {
     pub timeout: Duration,
 }
 
+/// Reads a script from stdin up to the line `$1` and runs it; the rest of stdin is the
+/// command's. `read` takes one byte at a time from a pipe (dash, bash and busybox alike), so
+/// nothing of the command's stdin is consumed. A script cut off before its end line is not
+/// run.
+const LAUNCHER: &str = r#"
+s=; ok=
+while IFS= read -r l; do
+  if [ "$l" = "$1" ]; then ok=1; break; fi
+  s="$s$l
+"
+done
+[ -n "$ok" ] || { echo "sandbox: the command did not arrive" >&2; exit 125; }
+eval "$s"
+"#;
+
 /// Run `spec` in `container` and collect its result.
 pub(crate) async fn run(
     engine: &Engine,
@@ -50,17 +75,25 @@ pub(crate) async fn run(
 ) -> Result<ExecResult> {
     let started = Instant::now();
     let marker = uuid::Uuid::new_v4().simple().to_string();
-    let mut env = spec.env;
-    env.push(format!("{MARKER_VAR}={marker}"));
+    let end = uuid::Uuid::new_v4().simple().to_string();
+    let mut header = crate::agent::script(&spec);
+    header.push_str(&end);
+    header.push('\n');
     let config = CreateExecOptions {
-        attach_stdin: Some(spec.stdin.is_some()),
+        attach_stdin: Some(true),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         tty: Some(false),
-        env: Some(env),
-        cmd: Some(spec.argv),
+        // The marker only: the launcher must carry it too, to be killed on a timeout.
+        env: Some(vec![format!("{MARKER_VAR}={marker}")]),
+        cmd: Some(vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            LAUNCHER.to_owned(),
+            "sandbox-exec".to_owned(),
+            end,
+        ]),
         user: spec.user.clone(),
-        working_dir: spec.cwd,
         ..Default::default()
     };
     let id = docker
@@ -87,15 +120,18 @@ pub(crate) async fn run(
             ));
         }
     };
-    // Feed stdin concurrently with reading output (a command may fill its stdout before it
-    // has read all of stdin), then half-close so the command sees end-of-file.
-    let mut input = Some(input);
-    let feeder = spec.stdin.map(|data| {
-        let mut input = input.take().expect("input once");
-        tokio::spawn(async move {
+    // Feed the launcher and then stdin concurrently with reading output (a command may fill
+    // its stdout before it has read all of stdin), then half-close so the command sees
+    // end-of-file.
+    let stdin = spec.stdin;
+    let feeder = tokio::spawn(async move {
+        let mut input = input;
+        if input.write_all(header.as_bytes()).await.is_ok()
+            && let Some(data) = stdin
+        {
             let _ = input.write_all(&data).await;
-            let _ = input.shutdown().await;
-        })
+        }
+        let _ = input.shutdown().await;
     });
 
     let mut stdout = CappedBuffer::new(spec.limits.stdout);
@@ -133,10 +169,7 @@ pub(crate) async fn run(
         }
     }
     drop(output);
-    drop(input);
-    if let Some(f) = feeder {
-        f.abort();
-    }
+    feeder.abort();
     let exit_code = exit_code(engine, docker, container, &id).await?;
     let output = CapturedOutput {
         stdout: stdout.finish(),
@@ -179,15 +212,27 @@ async fn exit_code(
     Ok(None)
 }
 
-/// Kill every process carrying `marker` in its environment, and their descendants.
+/// Kill every process carrying `marker` in its environment, and their descendants. Builtins
+/// only (no `$(…)`, no pipes, no external program): see the module documentation.
+///
+/// `carries` reads an `environ` file with `read`, which drops the NUL separators (dash, bash
+/// and busybox alike), so the marker is looked for as a substring of the joined variables:
+/// the marker value is a random 32-digit id, so no other variable matches by accident.
 const KILL_SCRIPT: &str = r#"
 m="SANDBOX_EXEC_ID=$1"
+carries() {
+  while IFS= read -r l || [ -n "$l" ]; do
+    case $l in *"$m"*) return 0 ;; esac
+  done 2>/dev/null < "$1"
+  return 1
+}
 round=0
 while [ $round -lt 50 ]; do
   set --
-  for f in $(grep -lzxF -- "$m" /proc/[0-9]*/environ 2>/dev/null); do
+  for f in /proc/[0-9]*/environ; do
     p=${f#/proc/}; p=${p%/environ}
-    set -- "$@" "$p"
+    [ "$p" = "$$" ] && continue
+    if carries "$f"; then set -- "$@" "$p"; fi
   done
   [ $# -eq 0 ] && exit 0
   kill -STOP "$@" 2>/dev/null
@@ -200,7 +245,7 @@ while [ $round -lt 50 ]; do
       pp=
       while read -r k v; do
         if [ "$k" = "PPid:" ]; then pp=$v; break; fi
-      done < "$s" 2>/dev/null
+      done 2>/dev/null < "$s"
       case " $* " in *" $pp "*) kill -STOP "$q" 2>/dev/null; set -- "$@" "$q"; grown=1 ;; esac
     done
   done
@@ -210,7 +255,36 @@ done
 exit 1
 "#;
 
+/// Kill attempts before giving up.
+const KILL_ATTEMPTS: u32 = 5;
+
+/// Kill the process tree of the command carrying `marker`. In a box whose process limit the
+/// command filled, the runtime sometimes cannot start the kill exec ("read init-p: connection
+/// reset by peer": the runtime's own setup needs a thread or two inside the box), so failed
+/// attempts are retried after a short pause; killing is idempotent.
 pub(crate) async fn kill_tree(
+    engine: &Engine,
+    docker: &Docker,
+    container: &str,
+    marker: &str,
+    user: Option<String>,
+) -> Result<()> {
+    let mut attempt = 1;
+    loop {
+        match kill_once(engine, docker, container, marker, user.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e @ Error::Unavailable { .. }) => return Err(e),
+            Err(e) if attempt == KILL_ATTEMPTS => return Err(e),
+            Err(e) => {
+                tracing::debug!(container, attempt, error = %e, "kill attempt failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100) * attempt).await;
+                attempt += 1;
+            }
+        }
+    }
+}
+
+async fn kill_once(
     engine: &Engine,
     docker: &Docker,
     container: &str,
@@ -235,20 +309,38 @@ pub(crate) async fn kill_tree(
         .await
         .map_err(|e| engine.err("kill", "container", container, e))?
         .id;
+    let started = Instant::now();
+    // The script prints nothing itself; what the shell says about a failure is kept for the
+    // error.
+    let mut said = CappedBuffer::new(4096);
     if let StartExecResults::Attached { mut output, .. } = docker
         .start_exec(&id, None)
         .await
         .map_err(|e| engine.err("kill", "container", container, e))?
     {
-        let drain = async { while output.next().await.is_some() {} };
+        let drain = async {
+            while let Some(Ok(frame)) = output.next().await {
+                said.push(&frame.into_bytes());
+            }
+        };
         let _ = tokio::time::timeout(Duration::from_secs(30), drain).await;
     }
-    match exit_code(engine, docker, container, &id).await? {
+    let code = exit_code(engine, docker, container, &id).await?;
+    tracing::debug!(
+        container,
+        ?code,
+        ms = started.elapsed().as_millis() as u64,
+        "kill script done"
+    );
+    match code {
         Some(0) => Ok(()),
         code => Err(Error::backend(
             BACKEND,
             "kill",
-            format!("the kill script ended with {code:?}"),
+            format!(
+                "the kill script ended with {code:?}: {}",
+                String::from_utf8_lossy(&said.finish().bytes).trim()
+            ),
         )),
     }
 }
