@@ -21,6 +21,12 @@
 //! parent handle from [`Dir::parent_of`] and a plain name: they never follow a symlink at the
 //! name itself.
 //!
+//! Reads that must also follow absolute symlinks into a few other known directories (the
+//! agent's view spans a workspace, a project and extra roots; a box's bind mounts are links to
+//! host directories) use the `*_anchored` variants: an absolute target at or under an
+//! [`Anchor`]'s path goes on beneath that anchor's handle, and every other absolute target is
+//! still refused.
+//!
 //! Refusals come back as [`std::io::Error`]s with `ELOOP` (a symlink where none may be
 //! followed) or `EXDEV` (the resolution would leave the handle); [`refusal`] tells them apart
 //! from ordinary I/O errors.
@@ -52,11 +58,33 @@ pub enum Follow {
 /// Most symlinks followed in one resolution (Linux's own limit).
 const MAX_HOPS: usize = 40;
 
+/// Prefix of the temporary names [`Dir::write_atomic`] creates (listings may hide them).
+pub const TMP_PREFIX: &str = ".sbx-tmp-";
+
+/// Another directory that absolute symlink targets may lead into (see the `*_anchored`
+/// methods of [`Dir`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Anchor<'a> {
+    /// The absolute path targets are compared with, by components. A target naming it through
+    /// another spelling (a symlink in its parents) is refused.
+    pub path: &'a Path,
+    /// The handle the rest of such a target is resolved beneath.
+    pub dir: &'a Dir,
+}
+
+/// Environment variable that, when set, makes every resolution use the portable walk instead
+/// of `openat2` (to run the race tests over the walk, or where `openat2` misbehaves).
+pub const FORCE_WALK_ENV: &str = "SANDBOX_BENEATH_WALK";
+
 /// Whether `openat2` with `RESOLVE_BENEATH` works here (not on kernels before 5.6, nor under
-/// seccomp filters that refuse it). Probed once.
+/// seccomp filters that refuse it) and is not turned off by [`FORCE_WALK_ENV`]. Probed once.
 fn openat2_works() -> bool {
     static WORKS: OnceLock<bool> = OnceLock::new();
     *WORKS.get_or_init(|| {
+        if std::env::var_os(FORCE_WALK_ENV).is_some() {
+            tracing::debug!("{FORCE_WALK_ENV} set: resolving paths component by component");
+            return false;
+        }
         #[cfg(target_os = "linux")]
         {
             let works = rustix::fs::openat2(
@@ -222,6 +250,61 @@ impl Dir {
                 parent.entry_metadata(name)
             }
         }
+    }
+
+    /// Open the file `rel` for reading under [`Follow::Beneath`], except that an absolute
+    /// symlink target at or under one of `anchors` goes on beneath that anchor's handle (see
+    /// [`Anchor`]).
+    pub fn read_file_anchored(
+        &self,
+        rel: &RelPath,
+        anchors: &[Anchor<'_>],
+    ) -> io::Result<fs::File> {
+        let fd = self.resolve_anchored(rel, OFlags::RDONLY, anchors)?;
+        Ok(fs::File::from(fd))
+    }
+
+    /// Open the directory `rel` as [`Dir::read_file_anchored`] resolves it.
+    pub fn open_dir_anchored(&self, rel: &RelPath, anchors: &[Anchor<'_>]) -> io::Result<Dir> {
+        let fd = self.resolve_anchored(rel, OFlags::RDONLY | OFlags::DIRECTORY, anchors)?;
+        Ok(self.child(fd, rel.as_str()))
+    }
+
+    /// A handle on `rel` as [`Dir::read_file_anchored`] resolves it (a final symlink followed),
+    /// opened with `O_PATH`: for its metadata and whereabouts, not its content (so opening a
+    /// fifo does not block).
+    pub fn open_path_anchored(
+        &self,
+        rel: &RelPath,
+        anchors: &[Anchor<'_>],
+    ) -> io::Result<fs::File> {
+        let fd = self.resolve_anchored(rel, OFlags::PATH, anchors)?;
+        Ok(fs::File::from(fd))
+    }
+
+    /// The kernel's resolution first (it refuses every absolute target); only a refusal is
+    /// retried with the walk, which may re-anchor. Both are race-free, so a swap between the
+    /// two only changes which one answers.
+    fn resolve_anchored(
+        &self,
+        rel: &RelPath,
+        flags: OFlags,
+        anchors: &[Anchor<'_>],
+    ) -> io::Result<OwnedFd> {
+        match resolve(self.as_fd(), rel.as_str(), Follow::Beneath, flags) {
+            Err(e)
+                if !anchors.is_empty() && e.raw_os_error() == Some(Errno::XDEV.raw_os_error()) =>
+            {
+                let flags = (flags - OFlags::NOFOLLOW) | OFlags::CLOEXEC;
+                resolve_walk(self.as_fd(), rel.as_str(), Follow::Beneath, flags, anchors)
+            }
+            other => other,
+        }
+    }
+
+    /// Metadata of this directory itself.
+    pub fn dir_metadata(&self) -> io::Result<fs::Metadata> {
+        fs::File::from(self.fd.try_clone()?).metadata()
     }
 
     /// The directory holding `rel` (created, with its parents, when `create` is set) and the
@@ -392,6 +475,70 @@ impl Dir {
         )?)
     }
 
+    /// Copy the entry `name` of this directory to `to_name` in `to_dir` (which must not
+    /// exist): files with their permission bits, directories recursively, symlinks as links
+    /// with their target kept verbatim. No symlink is followed, here or below; an entry swapped
+    /// for a symlink while being copied fails the copy (`ELOOP` or `ENOTDIR`) instead.
+    pub fn copy_all(&self, name: &str, to_dir: &Dir, to_name: &str) -> io::Result<()> {
+        self.copy_all_os(OsStr::new(name), to_dir, OsStr::new(to_name))
+    }
+
+    fn copy_all_os(&self, name: &OsStr, to_dir: &Dir, to_name: &OsStr) -> io::Result<()> {
+        let st = rustix::fs::statat(self.as_fd(), name, AtFlags::SYMLINK_NOFOLLOW)?;
+        let mode = Mode::from_raw_mode(st.st_mode & 0o7777);
+        match kind_of_mode(st.st_mode) {
+            Kind::Symlink => {
+                let target = rustix::fs::readlinkat(self.as_fd(), name, Vec::new())?;
+                Ok(rustix::fs::symlinkat(
+                    target.as_c_str(),
+                    to_dir.as_fd(),
+                    to_name,
+                )?)
+            }
+            Kind::File => {
+                let src = rustix::fs::openat(
+                    self.as_fd(),
+                    name,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )?;
+                let dst = rustix::fs::openat(
+                    to_dir.as_fd(),
+                    to_name,
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )?;
+                let (mut src, mut dst) = (fs::File::from(src), fs::File::from(dst));
+                io::copy(&mut src, &mut dst)?;
+                rustix::fs::fchmod(&dst, mode)?;
+                Ok(())
+            }
+            Kind::Dir => {
+                rustix::fs::mkdirat(to_dir.as_fd(), to_name, Mode::from_raw_mode(0o700))?;
+                let open = |at: &Dir, n: &OsStr| {
+                    let fd = rustix::fs::openat(at.as_fd(), n, dir_flags(), Mode::empty())?;
+                    io::Result::Ok(at.child(fd, &n.to_string_lossy()))
+                };
+                let (src, dst) = (open(self, name)?, open(to_dir, to_name)?);
+                for entry in src.entries()? {
+                    src.copy_all_os(&entry.name, &dst, &entry.name)?;
+                }
+                Ok(rustix::fs::fchmod(dst.as_fd(), mode)?)
+            }
+            Kind::Other => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "`{}` is not a file, directory or symlink",
+                    name.to_string_lossy()
+                ),
+            )),
+        }
+    }
+
     /// Create the symlink `name` pointing to `target` (kept verbatim).
     pub fn symlink(&self, target: &str, name: &str) -> io::Result<()> {
         Ok(rustix::fs::symlinkat(target, self.as_fd(), name)?)
@@ -472,7 +619,7 @@ impl Dir {
     /// name, `O_EXCL`), fsync, permission bits `mode`, `renameat` over `name` (a symlink there
     /// is replaced, never followed), fsync of the directory.
     pub fn write_atomic(&self, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
-        let tmp = format!(".sbx-tmp-{}", uuid::Uuid::new_v4().simple());
+        let tmp = format!("{TMP_PREFIX}{}", uuid::Uuid::new_v4().simple());
         let written = (|| {
             let mut file = self.create_new(&tmp, 0o600)?;
             file.write_all(data)?;
@@ -536,7 +683,7 @@ fn resolve(root: BorrowedFd<'_>, rel: &str, follow: Follow, flags: OFlags) -> io
     if !forced && openat2_works() {
         return Ok(resolve_openat2(root, rel, follow, flags)?);
     }
-    resolve_walk(root, rel, follow, flags)
+    resolve_walk(root, rel, follow, flags, &[])
 }
 
 #[cfg(target_os = "linux")]
@@ -571,11 +718,15 @@ fn resolve_openat2(
 /// The portable resolution: one component at a time, each opened with `O_NOFOLLOW` relative
 /// to a handle held here; symlinks (under [`Follow::Beneath`]) are read and their components
 /// spliced in front of the rest, with `..` popping held handles and never the root.
-fn resolve_walk(
-    root: BorrowedFd<'_>,
+///
+/// An absolute target at or under one of `anchors` goes on beneath that anchor's handle (the
+/// held handles are dropped: `..` cannot climb back); any other absolute target is refused.
+fn resolve_walk<'a>(
+    mut root: BorrowedFd<'a>,
     rel: &str,
     follow: Follow,
     flags: OFlags,
+    anchors: &[Anchor<'a>],
 ) -> io::Result<OwnedFd> {
     let mut pending: Vec<String> = rel
         .split('/')
@@ -646,7 +797,26 @@ fn resolve_walk(
                 let target = rustix::fs::readlinkat(at, part.as_str(), Vec::new())?;
                 let target = target.to_string_lossy().into_owned();
                 if target.starts_with('/') {
-                    return Err(Errno::XDEV.into());
+                    let (dir, rest) = anchor_of(&target, anchors).ok_or(Errno::XDEV)?;
+                    let was_last = pending.is_empty();
+                    pending.extend(
+                        rest.split('/')
+                            .filter(|p| !p.is_empty() && *p != ".")
+                            .map(str::to_owned)
+                            .rev(),
+                    );
+                    stack.clear();
+                    root = dir.as_fd();
+                    if was_last && pending.is_empty() {
+                        // A link to the anchor itself.
+                        return Ok(rustix::fs::openat(
+                            root,
+                            ".",
+                            flags | OFlags::CLOEXEC,
+                            Mode::empty(),
+                        )?);
+                    }
+                    continue;
                 }
                 pending.extend(
                     target
@@ -675,6 +845,23 @@ fn resolve_walk(
         flags | OFlags::CLOEXEC,
         Mode::empty(),
     )?)
+}
+
+/// The anchor an absolute symlink target lies at or under (the longest such path), and the rest
+/// of the target below it.
+fn anchor_of<'a>(target: &str, anchors: &[Anchor<'a>]) -> Option<(&'a Dir, String)> {
+    anchors
+        .iter()
+        .filter_map(|a| {
+            let rest = Path::new(target).strip_prefix(a.path).ok()?;
+            Some((
+                a.path.components().count(),
+                a.dir,
+                rest.to_str()?.to_owned(),
+            ))
+        })
+        .max_by_key(|(depth, _, _)| *depth)
+        .map(|(_, dir, rest)| (dir, rest))
 }
 
 fn is_symlink_fd(fd: &OwnedFd) -> io::Result<bool> {

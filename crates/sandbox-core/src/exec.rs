@@ -32,11 +32,36 @@ impl Command {
     }
 }
 
+impl Command {
+    /// `"shell"` or `"argv"`, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::Shell(_) => "shell",
+            Command::Argv(_) => "argv",
+        }
+    }
+
+    /// The program of an argument vector (its first element), for logs. `None` for a shell
+    /// line: its first word may be an assignment (`TOKEN=… cmd`).
+    pub fn program(&self) -> Option<&str> {
+        match self {
+            Command::Shell(_) => None,
+            Command::Argv(argv) => argv.first().map(String::as_str),
+        }
+    }
+}
+
+/// Only the program and the size of the command: command lines and arguments may embed
+/// secrets (`curl -H "Authorization: Bearer …"`), and any `?request` in a log prints this.
 impl fmt::Debug for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Command::Shell(line) => write!(f, "sh {line:?}"),
-            Command::Argv(argv) => write!(f, "argv {argv:?}"),
+            Command::Shell(line) => f.debug_struct("Shell").field("len", &line.len()).finish(),
+            Command::Argv(argv) => f
+                .debug_struct("Argv")
+                .field("program", &argv.first())
+                .field("args", &argv.len().saturating_sub(1))
+                .finish(),
         }
     }
 }
@@ -154,7 +179,8 @@ impl ExecRequest {
     }
 }
 
-/// Environment values are not printed: they may hold secrets.
+/// Neither the command line (see [`Command`]'s `Debug`), environment values nor stdin are
+/// printed: they may hold secrets.
 impl fmt::Debug for ExecRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExecRequest")
@@ -332,6 +358,30 @@ mod tests {
         let shown = format!("{req:?}");
         assert!(shown.contains("TOKEN"));
         assert!(!shown.contains("s3cret"));
+    }
+
+    #[test]
+    fn debug_hides_command_lines_and_arguments() {
+        let line = "TOKEN=s3cret curl -H 'Authorization: Bearer s3cret' x";
+        let req = ExecRequest::shell(line).stdin("s3cret");
+        let shown = format!("{req:?}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("TOKEN"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains(&format!("Shell {{ len: {} }}", line.len())),
+            "{shown}"
+        );
+        let req = ExecRequest::argv(["curl", "-u", "me:s3cret", "https://x"]);
+        let shown = format!("{req:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(
+            shown.contains(r#"Argv { program: Some("curl"), args: 3 }"#),
+            "{shown}"
+        );
+        assert_eq!(req.command.program(), Some("curl"));
+        assert_eq!(ExecRequest::shell("x").command.program(), None);
     }
 
     #[tokio::test]

@@ -256,7 +256,26 @@ impl Sandbox {
     /// without it.
     pub async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
         self.capabilities.exec.check(self.backend(), &request)?;
-        let span = tracing::info_span!("exec", backend = self.backend(), key = self.key_str(), command = ?request.command);
+        // The program and the size of the command only: command lines and arguments may
+        // embed secrets (a bearer token, `TOKEN=… cmd`).
+        let span = tracing::info_span!(
+            "exec",
+            backend = self.backend(),
+            key = self.key_str(),
+            kind = request.command.kind(),
+            program = tracing::field::Empty,
+            args = tracing::field::Empty,
+            line_len = tracing::field::Empty,
+        );
+        match &request.command {
+            crate::exec::Command::Shell(line) => {
+                span.record("line_len", line.len());
+            }
+            crate::exec::Command::Argv(argv) => {
+                span.record("program", argv.first().map_or("", String::as_str));
+                span.record("args", argv.len().saturating_sub(1));
+            }
+        }
         async {
             let started = Instant::now();
             let result = self.handle.exec(request).await;

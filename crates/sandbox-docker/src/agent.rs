@@ -164,6 +164,7 @@ impl Agent {
     /// Run one command.
     pub(crate) async fn run(
         &mut self,
+        engine: &Engine,
         docker: &Docker,
         container: &str,
         spec: &ExecSpec,
@@ -183,7 +184,7 @@ impl Agent {
         );
         self.poisoned = true;
         // Armed until the answer is read: a cancelled call kills its command.
-        let mut reaper = exec::Reaper::new(docker, container, &id, spec.user.clone());
+        let mut reaper = exec::Reaper::new(engine, docker, container, &id, spec.user.clone());
         if let Err(e) = self.input.write_all(line.as_bytes()).await {
             reaper.disarm();
             return Err(AgentError::NotSent(Error::backend(
@@ -198,7 +199,9 @@ impl Agent {
             Ok(answer) => answer.map(|a| (a, false)),
             Err(_) => {
                 tracing::info!(container, timeout = ?spec.timeout, "exec timed out: killing its process tree");
-                if let Err(e) = exec::kill_tree(docker, container, &id, spec.user.clone()).await {
+                if let Err(e) =
+                    exec::kill_tree(engine, docker, container, &id, spec.user.clone()).await
+                {
                     tracing::warn!(container, error = %e, "killing a timed-out command failed");
                 }
                 match tokio::time::timeout(DRAIN_AFTER_KILL, self.answer(&id, spec)).await {
@@ -304,9 +307,9 @@ impl Agent {
     }
 }
 
-/// The script the agent runs for `spec`: enter the directory, export the environment, exec
-/// the command. Every value is single-quoted.
-fn script(spec: &ExecSpec) -> String {
+/// The script the agent (and the engine exec's launcher) runs for `spec`: enter the
+/// directory, export the environment, exec the command. Every value is single-quoted.
+pub(crate) fn script(spec: &ExecSpec) -> String {
     let mut s = String::new();
     if let Some(cwd) = &spec.cwd {
         s.push_str(&format!(

@@ -37,7 +37,7 @@ const HELPER_TIMEOUT: Duration = Duration::from_secs(300);
 const READ_LIMIT: u64 = 1 << 30;
 
 /// Everything that describes a box apart from its live container.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct BoxConfig {
     pub name: String,
     pub image: String,
@@ -48,6 +48,22 @@ pub(crate) struct BoxConfig {
     pub binds: Vec<(RelPath, PathBuf, bool)>,
     pub spec_env: BTreeMap<String, String>,
     pub extra: Vec<ResolvedMount>,
+}
+
+/// The spec's environment values are not printed: they may hold secrets.
+impl fmt::Debug for BoxConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoxConfig")
+            .field("name", &self.name)
+            .field("image", &self.image)
+            .field("root", &self.root)
+            .field("key", &self.key)
+            .field("persistence", &self.persistence)
+            .field("binds", &self.binds)
+            .field("spec_env", &self.spec_env.keys().collect::<Vec<_>>())
+            .field("extra", &self.extra)
+            .finish()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -193,7 +209,7 @@ impl DockerBox {
                 }
             }
             if let Some(agent) = slot.agent.as_mut() {
-                match agent.run(&docker, &target, &spec).await {
+                match agent.run(engine, &docker, &target, &spec).await {
                     Ok(result) => return Ok(result),
                     Err(AgentError::NotSent(e)) => {
                         tracing::info!(container = %self.config.name, error = %e, "exec agent gone: using an engine exec");
@@ -893,5 +909,29 @@ impl BoxHandle for DockerBox {
         self.script_ok("remove", REMOVE_SCRIPT, args)
             .await
             .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_debug_hides_env_values() {
+        let config = BoxConfig {
+            name: "sbx-1".into(),
+            image: "img".into(),
+            root: "/workspace".into(),
+            key: None,
+            persistence: Persistence::Ephemeral,
+            binds: Vec::new(),
+            spec_env: BTreeMap::from([("TOKEN".to_owned(), "s3cret".to_owned())]),
+            extra: Vec::new(),
+        };
+        let shown = format!("{config:?}");
+        assert!(
+            shown.contains("TOKEN") && !shown.contains("s3cret"),
+            "{shown}"
+        );
     }
 }

@@ -242,6 +242,8 @@ impl Shared {
             (Some(exposed), Some(bindings))
         };
         let h = &o.host;
+        let kept = o.kept_capabilities();
+        let security = o.security_options();
         let host_config = HostConfig {
             memory: o.memory_bytes,
             nano_cpus: o.cpus.map(|c| (c * 1e9) as i64),
@@ -252,9 +254,11 @@ impl Shared {
             readonly_rootfs: Some(o.read_only_rootfs),
             init: Some(o.init),
             tmpfs: (!tmpfs.is_empty()).then_some(tmpfs),
-            cap_add: (!h.cap_add.is_empty()).then(|| h.cap_add.clone()),
-            cap_drop: (!h.cap_drop.is_empty()).then(|| h.cap_drop.clone()),
-            security_opt: (!h.security_opt.is_empty()).then(|| h.security_opt.clone()),
+            // Hardened by default: every capability dropped but the kept set, and
+            // no-new-privileges (see `DockerOptions`).
+            cap_drop: Some(vec!["ALL".to_owned()]),
+            cap_add: (!kept.is_empty()).then_some(kept),
+            security_opt: (!security.is_empty()).then_some(security),
             shm_size: h.shm_size,
             extra_hosts: (!h.extra_hosts.is_empty()).then(|| h.extra_hosts.clone()),
             sysctls: (!h.sysctls.is_empty()).then(|| h.sysctls.clone().into_iter().collect()),

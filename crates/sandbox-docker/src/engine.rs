@@ -14,7 +14,7 @@ use crate::BACKEND;
 /// The engine behind one client: connected and version-negotiated on first use, so building
 /// a client never fails and an engine that is down surfaces as [`Error::Unavailable`] on the
 /// first call that needs it (and is retried on the next one).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Engine {
     socket: PathBuf,
     timeout: Duration,

@@ -6,11 +6,21 @@
 //! (`SANDBOX_EXEC_ID=<uuid>`), which every descendant inherits whatever it does with process
 //! groups, sessions or its parent (a daemonized grandchild keeps it). On timeout a second exec
 //! freezes every process carrying the marker, adds their descendants (for the rare child that
-//! cleared its environment), kills them all, and repeats until none is left. Only POSIX `sh`,
-//! `grep -z` and `/proc` are needed, so busybox and Debian images both work.
+//! cleared its environment), kills them all, and repeats until none is left. Only POSIX `sh`
+//! builtins and `/proc` are needed, so busybox and Debian images both work; and the script
+//! never forks, so it works when the command filled the box's process limit (a fork bomb):
+//! the engine places the kill exec's own process in the box even then, but any fork inside
+//! would fail.
 //!
 //! The same kill runs when the command's future is dropped (a cancelled call: a [`Reaper`]
 //! spawns it) and, in the background, after the command exited (whatever it left running).
+//!
+//! What runs is never in the exec's configuration: the engine keeps that (exec inspect,
+//! `docker events`) and bollard logs request bodies at `debug`, and a command line or an
+//! environment value may be a secret. The exec runs a fixed launcher ([`LAUNCHER`]) that reads
+//! the command's script (working directory, environment, argv, all quoted; the agent's
+//! format) from stdin up to a random end line, then `exec`s it with the rest of stdin as the
+//! command's own.
 
 use std::time::{Duration, Instant};
 
@@ -44,6 +54,21 @@ pub(crate) struct ExecSpec {
     pub timeout: Duration,
 }
 
+/// Reads a script from stdin up to the line `$1` and runs it; the rest of stdin is the
+/// command's. `read` takes one byte at a time from a pipe (dash, bash and busybox alike), so
+/// nothing of the command's stdin is consumed. A script cut off before its end line is not
+/// run.
+const LAUNCHER: &str = r#"
+s=; ok=
+while IFS= read -r l; do
+  if [ "$l" = "$1" ]; then ok=1; break; fi
+  s="$s$l
+"
+done
+[ -n "$ok" ] || { echo "sandbox: the command did not arrive" >&2; exit 125; }
+eval "$s"
+"#;
+
 /// Run `spec` in `container` and collect its result.
 pub(crate) async fn run(
     engine: &Engine,
@@ -54,18 +79,26 @@ pub(crate) async fn run(
     let started = Instant::now();
     let marker = uuid::Uuid::new_v4().simple().to_string();
     // From here on, however this future ends, the command's tree dies with it.
-    let mut reaper = Reaper::new(docker, container, &marker, spec.user.clone());
-    let mut env = spec.env;
-    env.push(format!("{MARKER_VAR}={marker}"));
+    let mut reaper = Reaper::new(engine, docker, container, &marker, spec.user.clone());
+    let end = uuid::Uuid::new_v4().simple().to_string();
+    let mut header = crate::agent::script(&spec);
+    header.push_str(&end);
+    header.push('\n');
     let config = CreateExecOptions {
-        attach_stdin: Some(spec.stdin.is_some()),
+        attach_stdin: Some(true),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         tty: Some(false),
-        env: Some(env),
-        cmd: Some(spec.argv),
+        // The marker only: the launcher must carry it too, to be killed on a timeout.
+        env: Some(vec![format!("{MARKER_VAR}={marker}")]),
+        cmd: Some(vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            LAUNCHER.to_owned(),
+            "sandbox-exec".to_owned(),
+            end,
+        ]),
         user: spec.user.clone(),
-        working_dir: spec.cwd,
         ..Default::default()
     };
     let id = docker
@@ -92,15 +125,18 @@ pub(crate) async fn run(
             ));
         }
     };
-    // Feed stdin concurrently with reading output (a command may fill its stdout before it
-    // has read all of stdin), then half-close so the command sees end-of-file.
-    let mut input = Some(input);
-    let feeder = spec.stdin.map(|data| {
-        let mut input = input.take().expect("input once");
-        tokio::spawn(async move {
+    // Feed the launcher and then stdin concurrently with reading output (a command may fill
+    // its stdout before it has read all of stdin), then half-close so the command sees
+    // end-of-file.
+    let stdin = spec.stdin;
+    let feeder = tokio::spawn(async move {
+        let mut input = input;
+        if input.write_all(header.as_bytes()).await.is_ok()
+            && let Some(data) = stdin
+        {
             let _ = input.write_all(&data).await;
-            let _ = input.shutdown().await;
-        })
+        }
+        let _ = input.shutdown().await;
     });
 
     let mut stdout = CappedBuffer::new(spec.limits.stdout);
@@ -130,7 +166,7 @@ pub(crate) async fn run(
                 }
                 timed_out = true;
                 tracing::info!(container, timeout = ?spec.timeout, "exec timed out: killing its process tree");
-                if let Err(e) = kill_tree(docker, container, &marker, spec.user.clone()).await {
+                if let Err(e) = kill_tree(engine, docker, container, &marker, spec.user.clone()).await {
                     tracing::warn!(container, error = %e, "killing a timed-out command failed");
                 }
                 drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_KILL);
@@ -138,10 +174,7 @@ pub(crate) async fn run(
         }
     }
     drop(output);
-    drop(input);
-    if let Some(f) = feeder {
-        f.abort();
-    }
+    feeder.abort();
     let exit_code = exit_code(engine, docker, container, &id).await?;
     let output = CapturedOutput {
         stdout: stdout.finish(),
@@ -189,19 +222,32 @@ async fn exit_code(
     Ok(None)
 }
 
-/// A shell function `reap <marker>`: kill every process carrying the marker in its
-/// environment, and their descendants. Shared by the kill exec and the exec agent.
+/// Shell functions: `reap <marker>` kills every process carrying the marker in its
+/// environment, and their descendants, and returns 0 once none is left. Builtins only (no
+/// `$(…)`, no pipes, no external program): see the module documentation. Shared by the kill
+/// exec and the exec agent (which reaps after every command).
+///
+/// `carries` reads an `environ` file with `read`, which drops the NUL separators (dash, bash
+/// and busybox alike), so the marker is looked for as a substring of the joined variables:
+/// the marker value is a random 32-digit id, so no other variable matches by accident.
 macro_rules! reap_fn {
     () => {
         r#"
+carries() {
+  while IFS= read -r _rl || [ -n "$_rl" ]; do
+    case $_rl in *"$2"*) return 0 ;; esac
+  done 2>/dev/null < "$1"
+  return 1
+}
 reap() {
   _rm="SANDBOX_EXEC_ID=$1"
   _rr=0
   while [ $_rr -lt 50 ]; do
     set --
-    for _rf in $(grep -lzxF -- "$_rm" /proc/[0-9]*/environ 2>/dev/null); do
+    for _rf in /proc/[0-9]*/environ; do
       _rp=${_rf#/proc/}; _rp=${_rp%/environ}
-      set -- "$@" "$_rp"
+      [ "$_rp" = "$$" ] && continue
+      if carries "$_rf" "$_rm"; then set -- "$@" "$_rp"; fi
     done
     [ $# -eq 0 ] && return 0
     kill -STOP "$@" 2>/dev/null
@@ -214,7 +260,7 @@ reap() {
         _rpp=
         while read -r _rk _rv; do
           if [ "$_rk" = "PPid:" ]; then _rpp=$_rv; break; fi
-        done < "$_rs" 2>/dev/null
+        done 2>/dev/null < "$_rs"
         case " $* " in *" $_rpp "*) kill -STOP "$_rq" 2>/dev/null; set -- "$@" "$_rq"; _rg=1 ;; esac
       done
     done
@@ -228,13 +274,14 @@ reap() {
 }
 pub(crate) use reap_fn;
 
-/// Kill every process carrying the marker `$1` in its environment, and their descendants.
+/// Kill every process carrying the marker `$1`, and their descendants.
 const KILL_SCRIPT: &str = concat!(reap_fn!(), "reap \"$1\"\n");
 
 /// Kills a command's process tree (by its marker) when dropped, on a spawned task: the command
 /// of a cancelled call, or what a finished command left running. [`disarm`](Self::disarm)
 /// when the tree was already killed.
 pub(crate) struct Reaper {
+    engine: Engine,
     docker: Docker,
     container: String,
     marker: String,
@@ -244,12 +291,14 @@ pub(crate) struct Reaper {
 
 impl Reaper {
     pub(crate) fn new(
+        engine: &Engine,
         docker: &Docker,
         container: &str,
         marker: &str,
         user: Option<String>,
     ) -> Self {
         Reaper {
+            engine: engine.clone(),
             docker: docker.clone(),
             container: container.to_owned(),
             marker: marker.to_owned(),
@@ -271,30 +320,52 @@ impl Drop for Reaper {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (docker, container, marker, user) = (
+        let (engine, docker, container, marker, user) = (
+            self.engine.clone(),
             self.docker.clone(),
             std::mem::take(&mut self.container),
             std::mem::take(&mut self.marker),
             self.user.take(),
         );
         rt.spawn(async move {
-            if let Err(e) = kill_tree(&docker, &container, &marker, user).await {
+            if let Err(e) = kill_tree(&engine, &docker, &container, &marker, user).await {
                 tracing::warn!(container, error = %e, "killing a command's processes failed");
             }
         });
     }
 }
 
-fn kill_err(e: bollard::errors::Error) -> Error {
-    Error::Backend {
-        backend: BACKEND,
-        operation: "kill",
-        message: e.to_string(),
-        source: Some(Box::new(e)),
+/// Kill attempts before giving up.
+const KILL_ATTEMPTS: u32 = 5;
+
+/// Kill the process tree of the command carrying `marker`. In a box whose process limit the
+/// command filled, the runtime sometimes cannot start the kill exec ("read init-p: connection
+/// reset by peer": the runtime's own setup needs a thread or two inside the box), so failed
+/// attempts are retried after a short pause; killing is idempotent.
+pub(crate) async fn kill_tree(
+    engine: &Engine,
+    docker: &Docker,
+    container: &str,
+    marker: &str,
+    user: Option<String>,
+) -> Result<()> {
+    let mut attempt = 1;
+    loop {
+        match kill_once(engine, docker, container, marker, user.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e @ Error::Unavailable { .. }) => return Err(e),
+            Err(e) if attempt == KILL_ATTEMPTS => return Err(e),
+            Err(e) => {
+                tracing::debug!(container, attempt, error = %e, "kill attempt failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100) * attempt).await;
+                attempt += 1;
+            }
+        }
     }
 }
 
-pub(crate) async fn kill_tree(
+async fn kill_once(
+    engine: &Engine,
     docker: &Docker,
     container: &str,
     marker: &str,
@@ -316,29 +387,40 @@ pub(crate) async fn kill_tree(
     let id = docker
         .create_exec(container, config)
         .await
-        .map_err(kill_err)?
+        .map_err(|e| engine.err("kill", "container", container, e))?
         .id;
-    if let StartExecResults::Attached { mut output, .. } =
-        docker.start_exec(&id, None).await.map_err(kill_err)?
+    let started = Instant::now();
+    // The script prints nothing itself; what the shell says about a failure is kept for the
+    // error.
+    let mut said = CappedBuffer::new(4096);
+    if let StartExecResults::Attached { mut output, .. } = docker
+        .start_exec(&id, None)
+        .await
+        .map_err(|e| engine.err("kill", "container", container, e))?
     {
-        let drain = async { while output.next().await.is_some() {} };
+        let drain = async {
+            while let Some(Ok(frame)) = output.next().await {
+                said.push(&frame.into_bytes());
+            }
+        };
         let _ = tokio::time::timeout(Duration::from_secs(30), drain).await;
     }
-    let mut code = None;
-    for _ in 0..40 {
-        let inspect = docker.inspect_exec(&id).await.map_err(kill_err)?;
-        if inspect.running != Some(true) {
-            code = inspect.exit_code;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let code = exit_code(engine, docker, container, &id).await?;
+    tracing::debug!(
+        container,
+        ?code,
+        ms = started.elapsed().as_millis() as u64,
+        "kill script done"
+    );
     match code {
         Some(0) => Ok(()),
         code => Err(Error::backend(
             BACKEND,
             "kill",
-            format!("the kill script ended with {code:?}"),
+            format!(
+                "the kill script ended with {code:?}: {}",
+                String::from_utf8_lossy(&said.finish().bytes).trim()
+            ),
         )),
     }
 }

@@ -13,7 +13,8 @@ mod tarfix;
 pub use boxed::DockerBox;
 pub use client::{DockerClient, labels};
 pub use options::{
-    DEFAULT_SOCKET, DockerOptions, ExtraMount, ExtraMounts, HostSettings, PullPolicy, Ulimit,
+    DEFAULT_CAPABILITIES, DEFAULT_PIDS_LIMIT, DEFAULT_SOCKET, DockerOptions, ExtraMount,
+    ExtraMounts, HostSettings, PullPolicy, Ulimit,
 };
 pub use sandbox_core::Persistence;
 pub use state::{DockerState, ResolvedMount};

@@ -13,6 +13,23 @@ use serde::{Deserialize, Serialize};
 /// Default Docker engine socket.
 pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
 
+/// The capabilities a box keeps by default; every other one is dropped. Why each is kept (and
+/// why the engine's other defaults are not) is in the crate README's "Hardening" section.
+/// [`HostSettings::cap_add`] adds to this set, [`HostSettings::cap_drop`] removes from it.
+pub const DEFAULT_CAPABILITIES: &[&str] = &[
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+];
+
+/// The default most processes (threads included) in one box: room for builds, package
+/// managers and dev servers, while a fork bomb stops here instead of at the host's limit.
+pub const DEFAULT_PIDS_LIMIT: i64 = 512;
+
 /// When the image is pulled from a registry.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -51,15 +68,18 @@ impl Ulimit {
 }
 
 /// Typed host-config settings beyond the common options, in place of the spec's raw
-/// `additionalRunArgs` strings. Every field defaults to the engine's default.
+/// `additionalRunArgs` strings. Capabilities are relative to the box's kept set
+/// ([`DEFAULT_CAPABILITIES`]); every other field defaults to the engine's default.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HostSettings {
-    /// Capabilities to add (`NET_ADMIN`, ...).
+    /// Capabilities to add to the kept set (`NET_BIND_SERVICE`, `NET_RAW`, ...; `ALL` for
+    /// every capability). Names with or without `CAP_`, any case.
     pub cap_add: Vec<String>,
-    /// Capabilities to drop (`ALL`, ...).
+    /// Capabilities to remove from the kept set (`ALL`: keep none but those in `cap_add`).
     pub cap_drop: Vec<String>,
-    /// Security options (`no-new-privileges`, `seccomp=...`).
+    /// Extra security options (`seccomp=...`, `apparmor=...`). `no-new-privileges` is
+    /// [`DockerOptions::no_new_privileges`], and is refused here.
     pub security_opt: Vec<String>,
     /// tmpfs mounts: in-box path → mount options (`size=64m`).
     pub tmpfs: BTreeMap<String, String>,
@@ -76,13 +96,13 @@ pub struct HostSettings {
 }
 
 impl HostSettings {
-    /// Add a capability.
+    /// Add a capability to the kept set.
     pub fn cap_add(mut self, cap: impl Into<String>) -> Self {
         self.cap_add.push(cap.into());
         self
     }
 
-    /// Drop a capability.
+    /// Remove a capability from the kept set.
     pub fn cap_drop(mut self, cap: impl Into<String>) -> Self {
         self.cap_drop.push(cap.into());
         self
@@ -186,7 +206,9 @@ pub type ExtraMounts = Arc<dyn Fn(Option<&IsolationKey>) -> Vec<ExtraMount> + Se
 /// | `pull_policy` | `IfMissing` |
 /// | `persistence` | `Ephemeral` |
 /// | `name_prefix` | `sbx` (owner label and container names) |
-/// | `memory_bytes`, `cpus`, `pids_limit` | engine default (unlimited) |
+/// | `memory_bytes`, `cpus` | engine default (unlimited) |
+/// | `pids_limit` | [`DEFAULT_PIDS_LIMIT`] (512); `None` lifts it |
+/// | `no_new_privileges` | `true` (set-uid binaries and file capabilities grant nothing) |
 /// | `network` | `none` |
 /// | `exposed_ports` | none; published on `127.0.0.1` on a free host port |
 /// | `env` | none (applied to every exec, never logged) |
@@ -194,7 +216,7 @@ pub type ExtraMounts = Arc<dyn Fn(Option<&IsolationKey>) -> Vec<ExtraMount> + Se
 /// | `read_only_rootfs` | `false` (when on, the workspace and `/tmp` stay writable) |
 /// | `user` | the image's user |
 /// | `init` | `true` (an init process reaps orphans and forwards signals) |
-/// | `host` | no extra host settings |
+/// | `host` | no extra host settings: capabilities are [`DEFAULT_CAPABILITIES`] |
 /// | `extra_mounts` | none |
 /// | `default_timeout` | 10 minutes per exec |
 /// | `max_age` | 7 days (the `expires-at` label read by `gc`) |
@@ -218,8 +240,11 @@ pub struct DockerOptions {
     pub memory_bytes: Option<i64>,
     /// CPU limit in CPUs (fractions allowed).
     pub cpus: Option<f64>,
-    /// Most processes in the container.
+    /// Most processes (threads included) in the container; `None` for no limit.
     pub pids_limit: Option<i64>,
+    /// Run every process with `no_new_privs`: executing a set-uid binary or one with file
+    /// capabilities never raises privileges.
+    pub no_new_privileges: bool,
     /// Network mode (`none`, `bridge`, `host`, a network name).
     pub network: String,
     /// Container TCP ports to publish; their host ports are recorded in the state.
@@ -269,7 +294,8 @@ impl DockerOptions {
             name_prefix: "sbx".into(),
             memory_bytes: None,
             cpus: None,
-            pids_limit: None,
+            pids_limit: Some(DEFAULT_PIDS_LIMIT),
+            no_new_privileges: true,
             network: "none".into(),
             exposed_ports: Vec::new(),
             port_host_ip: "127.0.0.1".into(),
@@ -326,9 +352,16 @@ impl DockerOptions {
         self
     }
 
-    /// Limit the number of processes.
-    pub fn pids_limit(mut self, limit: i64) -> Self {
-        self.pids_limit = Some(limit);
+    /// Limit the number of processes (`pids_limit(256)`), or lift the limit
+    /// (`pids_limit(None)`).
+    pub fn pids_limit(mut self, limit: impl Into<Option<i64>>) -> Self {
+        self.pids_limit = limit.into();
+        self
+    }
+
+    /// Keep (the default) or turn off `no_new_privs` for the box's processes.
+    pub fn no_new_privileges(mut self, on: bool) -> Self {
+        self.no_new_privileges = on;
         self
     }
 
@@ -457,7 +490,76 @@ impl DockerOptions {
         for key in self.env.keys() {
             check_env_name(key)?;
         }
+        if let Some(limit) = self.pids_limit
+            && limit <= 0
+        {
+            return Err(Error::invalid(
+                "docker options",
+                format!("`pids_limit` {limit} must be positive (`None` for no limit)"),
+            ));
+        }
+        // One switch for no-new-privileges, so that the default cannot be half-overridden.
+        if self
+            .host
+            .security_opt
+            .iter()
+            .any(|o| o.trim().starts_with("no-new-privileges"))
+        {
+            return Err(Error::invalid(
+                "docker options",
+                "set no-new-privileges with `DockerOptions::no_new_privileges`, not `security_opt`",
+            ));
+        }
+        for cap in self.host.cap_add.iter().chain(&self.host.cap_drop) {
+            let name = cap_name(cap);
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') {
+                return Err(Error::invalid(
+                    "docker options",
+                    format!("`{cap}` is not a capability name"),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The capabilities the box keeps: [`DEFAULT_CAPABILITIES`] without
+    /// [`HostSettings::cap_drop`] (all of them for `ALL`), with [`HostSettings::cap_add`];
+    /// sorted, without the `CAP_` prefix. Every other capability is dropped.
+    pub fn kept_capabilities(&self) -> Vec<String> {
+        let dropped: Vec<String> = self.host.cap_drop.iter().map(|c| cap_name(c)).collect();
+        let mut kept: Vec<String> = if dropped.iter().any(|c| c == "ALL") {
+            Vec::new()
+        } else {
+            DEFAULT_CAPABILITIES
+                .iter()
+                .map(|c| (*c).to_owned())
+                .filter(|c| !dropped.contains(c))
+                .collect()
+        };
+        kept.extend(self.host.cap_add.iter().map(|c| cap_name(c)));
+        kept.sort();
+        kept.dedup();
+        kept
+    }
+
+    /// The security options of the box: `no-new-privileges:true` (unless turned off), then
+    /// [`HostSettings::security_opt`].
+    pub(crate) fn security_options(&self) -> Vec<String> {
+        let mut opts = Vec::new();
+        if self.no_new_privileges {
+            opts.push("no-new-privileges:true".to_owned());
+        }
+        opts.extend(self.host.security_opt.iter().cloned());
+        opts
+    }
+}
+
+/// A capability's name as the kept set spells it: upper case, without `CAP_`.
+fn cap_name(cap: &str) -> String {
+    let upper = cap.trim().to_ascii_uppercase();
+    match upper.strip_prefix("CAP_") {
+        Some(rest) => rest.to_owned(),
+        None => upper,
     }
 }
 
@@ -472,6 +574,7 @@ impl fmt::Debug for DockerOptions {
             .field("memory_bytes", &self.memory_bytes)
             .field("cpus", &self.cpus)
             .field("pids_limit", &self.pids_limit)
+            .field("no_new_privileges", &self.no_new_privileges)
             .field("network", &self.network)
             .field("exposed_ports", &self.exposed_ports)
             .field("env", &self.env.keys().collect::<Vec<_>>())
@@ -569,5 +672,55 @@ mod tests {
         );
         assert!(DockerOptions::new("i").cpus(0.0).validate().is_err());
         assert!(DockerOptions::new("i").env("A=B", "x").validate().is_err());
+        assert!(DockerOptions::new("i").pids_limit(0).validate().is_err());
+        assert!(DockerOptions::new("i").pids_limit(-1).validate().is_err());
+        assert!(DockerOptions::new("i").pids_limit(None).validate().is_ok());
+        let nnp = HostSettings::default().security_opt("no-new-privileges:false");
+        assert!(DockerOptions::new("i").host(nnp).validate().is_err());
+        let bad = HostSettings::default().cap_add("NET RAW");
+        assert!(DockerOptions::new("i").host(bad).validate().is_err());
+    }
+
+    #[test]
+    fn hardened_by_default() {
+        let o = DockerOptions::new("img");
+        assert_eq!(o.pids_limit, Some(DEFAULT_PIDS_LIMIT));
+        assert!(o.no_new_privileges);
+        assert_eq!(o.kept_capabilities(), DEFAULT_CAPABILITIES);
+        assert_eq!(o.security_options(), ["no-new-privileges:true"]);
+        let o = o.pids_limit(None).no_new_privileges(false);
+        assert_eq!(o.pids_limit, None);
+        assert!(o.security_options().is_empty());
+    }
+
+    #[test]
+    fn capabilities_are_relative_to_the_kept_set() {
+        let with = |host: HostSettings| DockerOptions::new("img").host(host).kept_capabilities();
+        let added = with(
+            HostSettings::default()
+                .cap_add("cap_net_raw")
+                .cap_add("NET_BIND_SERVICE")
+                .cap_drop("CAP_KILL")
+                .cap_drop("fsetid"),
+        );
+        assert_eq!(
+            added,
+            [
+                "CHOWN",
+                "DAC_OVERRIDE",
+                "FOWNER",
+                "NET_BIND_SERVICE",
+                "NET_RAW",
+                "SETGID",
+                "SETUID"
+            ]
+        );
+        let none = with(HostSettings::default().cap_drop("ALL").cap_add("CHOWN"));
+        assert_eq!(none, ["CHOWN"]);
+        // A capability already kept is not listed twice.
+        assert_eq!(
+            with(HostSettings::default().cap_add("CHOWN")),
+            DEFAULT_CAPABILITIES
+        );
     }
 }

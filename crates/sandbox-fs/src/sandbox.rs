@@ -4,8 +4,9 @@
 //! A [`SandboxFs`] is made per call from that call's sandbox
 //! (`SandboxFs::new(call.sandbox().clone())`) and owns the binding: nothing about "the current
 //! sandbox" lives on a shared object, so concurrent calls can never cross into each other's
-//! boxes. Symlinks are the backend's business: its `read_file`/`write_file`/`export` check the
-//! resolved path (sandbox-local does), and a box with a kernel boundary confines them anyway.
+//! boxes. Symlinks are the backend's business: sandbox-local resolves `read_file`,
+//! `write_file` and `remove` beneath a handle on the workspace (race-free against a command
+//! swapping links), and a box with a kernel boundary confines them anyway.
 
 use std::collections::BTreeMap;
 use std::fmt;

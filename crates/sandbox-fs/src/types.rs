@@ -149,7 +149,7 @@ pub struct TextWindow {
 }
 
 /// An exact-string edit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EditRequest {
     /// Text to find; must occur exactly once unless `replace_all`.
@@ -174,6 +174,18 @@ impl EditRequest {
     pub fn replace_all(mut self, yes: bool) -> Self {
         self.replace_all = yes;
         self
+    }
+}
+
+/// The texts' sizes only: they are file contents (a `.env`, a key file) and a request may be
+/// logged.
+impl std::fmt::Debug for EditRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EditRequest")
+            .field("old_len", &self.old.len())
+            .field("new_len", &self.new.len())
+            .field("replace_all", &self.replace_all)
+            .finish()
     }
 }
 
@@ -332,4 +344,19 @@ pub struct GrepResult {
     pub truncated: bool,
     /// The time bound ran out before every file was searched.
     pub timed_out: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edit_request_debug_hides_the_texts() {
+        let shown = format!("{:?}", EditRequest::new("API_KEY=s3cret", "API_KEY=other"));
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("API_KEY"),
+            "{shown}"
+        );
+        assert!(shown.contains("old_len: 14"), "{shown}");
+    }
 }

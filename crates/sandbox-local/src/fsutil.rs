@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sandbox_core::archive::ensure_parents;
+use sandbox_core::beneath::{self, Anchor, Dir};
 use sandbox_core::{Error, RelPath, Result};
 use serde::{Deserialize, Serialize};
 
@@ -241,6 +242,82 @@ pub(crate) fn allowed_roots(workspace: &Path, links: &[BindLink]) -> Vec<PathBuf
 /// Whether the canonical path `resolved` lies at or under one of `roots`, by components.
 pub(crate) fn is_within(resolved: &Path, roots: &[PathBuf]) -> bool {
     roots.iter().any(|r| resolved.starts_with(r))
+}
+
+/// A declared bind mount's host directory, opened.
+pub(crate) struct BindRoot {
+    /// The host path as declared.
+    pub given: PathBuf,
+    /// The same, canonical.
+    pub real: PathBuf,
+    pub dir: Dir,
+}
+
+/// Open the host directories of `links` (the caller's configuration, trusted: resolved
+/// normally). One that cannot be opened is left out: nothing resolves beneath it then.
+pub(crate) fn open_bind_roots(links: &[BindLink]) -> Vec<BindRoot> {
+    links
+        .iter()
+        .filter_map(|l| {
+            let real = fs::canonicalize(&l.host).ok()?;
+            let dir = Dir::open(&real).ok()?;
+            Some(BindRoot {
+                given: l.host.clone(),
+                real,
+                dir,
+            })
+        })
+        .collect()
+}
+
+/// The bind roots as anchors: an absolute symlink into a declared host directory (the bind
+/// link itself, or another link to it) is followed beneath that directory's handle.
+pub(crate) fn anchors(roots: &[BindRoot]) -> Vec<Anchor<'_>> {
+    roots
+        .iter()
+        .flat_map(|r| {
+            [
+                Anchor {
+                    path: &r.given,
+                    dir: &r.dir,
+                },
+                Anchor {
+                    path: &r.real,
+                    dir: &r.dir,
+                },
+            ]
+        })
+        .collect()
+}
+
+/// Where `path` of the box is resolved: strictly under a declared bind mount, beneath a handle
+/// on its host directory (opened from the declaration, whatever the link in the workspace now
+/// points to); anywhere else, beneath `workspace`. The bind link's own path stays in the
+/// workspace, so removing or replacing it touches the link, never the host directory.
+pub(crate) fn route(
+    workspace: Dir,
+    links: &[BindLink],
+    path: &RelPath,
+) -> io::Result<(Dir, RelPath)> {
+    for link in links {
+        if path != &link.path && path.starts_with(&link.path) {
+            let rest = &path.as_str()[link.path.as_str().len() + 1..];
+            let rest = RelPath::new(rest)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+            let host = Dir::open(fs::canonicalize(&link.host)?)?;
+            return Ok((host, rest));
+        }
+    }
+    Ok((workspace, path.clone()))
+}
+
+/// The typed error of a failed resolution of `path`: refusals by the resolution rules are
+/// path escapes, a missing workspace or file is [`Error::NotFound`], the rest I/O errors.
+pub(crate) fn resolution_error(path: &RelPath, abs: &Path, e: io::Error) -> Error {
+    if let Some(reason) = beneath::refusal(&e) {
+        return Error::path_escape(path.as_str(), reason);
+    }
+    Error::io(abs, e)
 }
 
 #[cfg(test)]

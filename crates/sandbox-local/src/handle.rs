@@ -3,14 +3,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fs;
-use std::io::{self, Write as _};
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::io::{self, Read as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use sandbox_core::archive::{self, ArchivePolicy, Excludes};
+use sandbox_core::beneath::{Anchor, Dir, Follow};
 use sandbox_core::stream::ByteStream;
 use sandbox_core::{
     BoxHandle, CommonState, Error, ExecRequest, ExecResult, ExportRequest, ImportMode, Persistence,
@@ -120,70 +120,102 @@ impl Inner {
         fsutil::remove_any(&self.box_dir).map_err(|e| Error::io(&self.box_dir, e))
     }
 
+    /// The workspace directory, opened (a symlink in its place is refused, as a workspace
+    /// that is not a directory).
+    fn workspace_dir(&self) -> Result<Dir> {
+        Dir::open(&self.workspace).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => Error::NotFound {
+                what: "workspace",
+                key: self.workspace_str.clone(),
+            },
+            _ => Error::io(&self.workspace, e),
+        })
+    }
+
+    /// Read beneath the workspace handle (or a bind mount's): symlinks are followed while they
+    /// stay beneath it, and absolute ones into a declared bind mount's host directory; the
+    /// file is opened once, then checked and read through that handle.
     fn read_file(&self, path: &RelPath) -> Result<Bytes> {
         let abs = path.to_host(&self.workspace);
-        let resolved = fs::canonicalize(&abs).map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => Error::NotFound {
-                what: "file",
-                key: path.to_string(),
-            },
-            _ => Error::io(&abs, e),
-        })?;
-        if !fsutil::is_within(
-            &resolved,
-            &fsutil::allowed_roots(&self.workspace, &self.links),
-        ) {
-            return Err(Error::path_escape(
-                path.as_str(),
-                "resolves outside the workspace (through a symlink)",
-            ));
-        }
-        if resolved.is_dir() {
+        let workspace = self.workspace_dir()?;
+        let (root, rel) = fsutil::route(
+            workspace
+                .try_clone()
+                .map_err(|e| Error::io(&self.workspace, e))?,
+            &self.links,
+            path,
+        )
+        .map_err(|e| Error::io(&abs, e))?;
+        let binds = fsutil::open_bind_roots(&self.links);
+        // An absolute link back into the workspace is followed too.
+        let mut anchors = fsutil::anchors(&binds);
+        anchors.push(Anchor {
+            path: &self.workspace,
+            dir: &workspace,
+        });
+        let mut file = root
+            .read_file_anchored(&rel, &anchors)
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => Error::NotFound {
+                    what: "file",
+                    key: path.to_string(),
+                },
+                _ => fsutil::resolution_error(path, &abs, e),
+            })?;
+        let meta = file.metadata().map_err(|e| Error::io(&abs, e))?;
+        if meta.is_dir() {
             return Err(Error::invalid("file", format!("`{path}` is a directory")));
         }
-        fs::read(&resolved)
-            .map(Bytes::from)
-            .map_err(|e| Error::io(&resolved, e))
+        let mut data = Vec::with_capacity(meta.len() as usize);
+        file.read_to_end(&mut data)
+            .map_err(|e| Error::io(&abs, e))?;
+        Ok(Bytes::from(data))
     }
 
+    /// Write atomically in the parent's handle: parents are created, never passed through a
+    /// symlink; a temporary file beside the name, then `renameat` over it (a symlink there is
+    /// replaced, never followed).
     fn write_file(&self, path: &RelPath, data: &[u8], mode: u32) -> Result<()> {
-        self.require_workspace()?;
-        let abs = fsutil::ensure_parents_of(&self.workspace, path)?;
-        let parent = abs
-            .parent()
-            .expect("a path under the workspace has a parent");
-        // A fixed-length name: `<name>.tmp` could exceed NAME_MAX for a long file name.
-        let tmp = parent.join(format!(".sbx-tmp-{}", uuid::Uuid::new_v4().simple()));
-        let written = (|| {
-            let mut file = fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            file.write_all(data)?;
-            // Set-id bits are dropped, as for archive entries.
-            file.set_permissions(fs::Permissions::from_mode(mode & 0o1777))?;
-            file.sync_all()?;
-            // rename(2) replaces a symlink at the target instead of following it.
-            fs::rename(&tmp, &abs)
-        })();
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(Error::io(&abs, e));
-        }
-        if let Ok(dir) = fs::File::open(parent) {
-            let _ = dir.sync_all();
-        }
-        Ok(())
+        let abs = path.to_host(&self.workspace);
+        let (root, rel) = fsutil::route(self.workspace_dir()?, &self.links, path)
+            .map_err(|e| Error::io(&abs, e))?;
+        let (parent, name) = root
+            .parent_of(&rel, Follow::Never, true)
+            .map_err(|e| fsutil::resolution_error(path, &abs, e))?;
+        // Set-id bits are dropped, as for archive entries.
+        parent
+            .write_atomic(name, data, mode & 0o1777)
+            .map_err(|e| Error::io(&abs, e))
     }
 
+    /// Remove in the parent's handle, never passing through a symlink; a link is removed as
+    /// a link. A path whose parents are missing (or not directories) has nothing to remove.
     fn remove(&self, paths: &[RelPath]) -> Result<()> {
+        let workspace = match self.workspace_dir() {
+            Ok(dir) => dir,
+            Err(Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
         for path in paths {
-            if !fsutil::parents_are_dirs(&self.workspace, path)? {
-                continue;
-            }
             let abs = path.to_host(&self.workspace);
-            fsutil::remove_any(&abs).map_err(|e| Error::io(&abs, e))?;
+            let workspace = workspace
+                .try_clone()
+                .map_err(|e| Error::io(&self.workspace, e))?;
+            let (root, rel) =
+                fsutil::route(workspace, &self.links, path).map_err(|e| Error::io(&abs, e))?;
+            let (parent, name) = match root.parent_of(&rel, Follow::Never, false) {
+                Ok(found) => found,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(fsutil::resolution_error(path, &abs, e)),
+            };
+            parent.remove_all(name).map_err(|e| Error::io(&abs, e))?;
         }
         Ok(())
     }

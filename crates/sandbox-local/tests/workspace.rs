@@ -339,6 +339,63 @@ async fn read_write_bind_mount_is_a_link_that_survives_replace() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bind_mount_paths_resolve_beneath_the_declared_host_directory() {
+    let host = tempfile::tempdir().unwrap();
+    fs::write(host.path().join("shared.txt"), "from host").unwrap();
+    let spec = WorkspaceSpec::builder()
+        .bind_mount("mnt/data", host.path(), false)
+        .build()
+        .unwrap();
+    let b = TestBox::new(LocalOptions::default(), spec).await;
+    let h = b.handle();
+    // Writes and removes under the mount reach the host directory.
+    h.write_file(&rel("mnt/data/sub/new.txt"), "new".into(), 0o644)
+        .await
+        .unwrap();
+    assert_eq!(
+        fs::read_to_string(host.path().join("sub/new.txt")).unwrap(),
+        "new"
+    );
+    h.remove(&[rel("mnt/data/sub")]).await.unwrap();
+    assert!(!host.path().join("sub").exists());
+    // An absolute link back into the workspace is followed for reads.
+    std::os::unix::fs::symlink(b.root().join("README.md"), b.root().join("abs_in")).unwrap();
+    h.write_file(&rel("README.md"), "readme".into(), 0o644)
+        .await
+        .unwrap();
+    assert_eq!(&h.read_file(&rel("abs_in")).await.unwrap()[..], b"readme");
+    // Another absolute link into the host directory is followed for reads.
+    std::os::unix::fs::symlink(host.path().join("shared.txt"), b.root().join("alias")).unwrap();
+    assert_eq!(&h.read_file(&rel("alias")).await.unwrap()[..], b"from host");
+    // The bind link re-pointed elsewhere redirects nothing: paths under the mount still
+    // resolve beneath the declared host directory.
+    let outside = b.outside();
+    fs::write(outside.join("shared.txt"), "outside").unwrap();
+    let link = b.root().join("mnt/data");
+    fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink(&outside, &link).unwrap();
+    assert_eq!(
+        &h.read_file(&rel("mnt/data/shared.txt")).await.unwrap()[..],
+        b"from host"
+    );
+    h.write_file(&rel("mnt/data/shared.txt"), "written".into(), 0o644)
+        .await
+        .unwrap();
+    assert_eq!(
+        fs::read_to_string(outside.join("shared.txt")).unwrap(),
+        "outside"
+    );
+    // Anything else through that link stays refused.
+    std::os::unix::fs::symlink(outside.join("shared.txt"), b.root().join("leak")).unwrap();
+    let err = h.read_file(&rel("leak")).await.unwrap_err();
+    assert!(matches!(err, Error::PathEscape { .. }), "{err}");
+    // Removing the mount's own path removes the link, not the host directory.
+    h.remove(&[rel("mnt/data")]).await.unwrap();
+    assert!(fs::symlink_metadata(&link).is_err());
+    assert!(host.path().join("shared.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_bind_mounts_and_custom_roots_are_not_supported() {
     let dir = tempfile::tempdir().unwrap();
     let client = LocalClient::new(LocalOptions::default().base_dir(dir.path()));

@@ -226,3 +226,111 @@ fn entries_hard_links_and_renames_stay_in_their_directories() {
 }
 
 use std::os::unix::fs::MetadataExt as _;
+
+#[test]
+fn anchored_reads_follow_absolute_links_only_into_anchors() {
+    both_paths(|| {
+        let l = layout();
+        let other = l.root.parent().unwrap().join("other");
+        fs::create_dir_all(other.join("sub")).unwrap();
+        fs::write(other.join("sub/o.txt"), "other").unwrap();
+        symlink(other.join("sub/o.txt"), l.root.join("to_other_file")).unwrap();
+        symlink(&other, l.root.join("to_other")).unwrap();
+        symlink(other.join("sub/../.."), l.root.join("above_other")).unwrap();
+        // A link inside the anchor that climbs out of it.
+        symlink("../outside", other.join("climb")).unwrap();
+        let root = Dir::open(&l.root).unwrap();
+        let other_dir = Dir::open(&other).unwrap();
+        let anchors = [Anchor {
+            path: &other,
+            dir: &other_dir,
+        }];
+        let read = |p: &str| -> io::Result<String> {
+            let mut s = String::new();
+            root.read_file_anchored(&rel(p), &anchors)?
+                .read_to_string(&mut s)?;
+            Ok(s)
+        };
+        assert_eq!(read("to_other_file").unwrap(), "other");
+        assert_eq!(read("to_other/sub/o.txt").unwrap(), "other");
+        assert_eq!(read("rel_dir/sub/file.txt").unwrap(), "inside");
+        let dir = root.open_dir_anchored(&rel("to_other"), &anchors).unwrap();
+        assert_eq!(read_names(&dir), ["climb", "sub"]);
+        assert!(
+            root.open_path_anchored(&rel("to_other/sub"), &anchors)
+                .unwrap()
+                .metadata()
+                .unwrap()
+                .is_dir()
+        );
+        // Absolute targets elsewhere, and `..` above the anchor, are still refused.
+        assert_eq!(errno(read("abs_out/secret.txt")), Errno::XDEV);
+        assert_eq!(errno(read("above_other/outside/secret.txt")), Errno::XDEV);
+        assert_eq!(errno(read("to_other/climb/secret.txt")), Errno::XDEV);
+        // Without anchors it is the plain Beneath rule.
+        assert_eq!(
+            errno(root.read_file_anchored(&rel("to_other_file"), &[])),
+            Errno::XDEV
+        );
+    });
+}
+
+fn read_names(dir: &Dir) -> Vec<String> {
+    let mut names: Vec<String> = dir
+        .entries()
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name.to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn copy_all_copies_trees_without_following_links() {
+    let l = layout();
+    let root = Dir::open(&l.root).unwrap();
+    fs::set_permissions(
+        l.root.join("real/sub/file.txt"),
+        fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    symlink(&l.outside, l.root.join("real/sub/out")).unwrap();
+    root.copy_all("real", &root, "copy").unwrap();
+    assert_eq!(
+        fs::read_to_string(l.root.join("copy/sub/file.txt")).unwrap(),
+        "inside"
+    );
+    let mode = fs::metadata(l.root.join("copy/sub/file.txt"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o640);
+    // Links are copied as links, their targets verbatim.
+    assert_eq!(
+        fs::read_link(l.root.join("copy/sub/out")).unwrap(),
+        l.outside
+    );
+    assert_eq!(
+        fs::read_link(l.root.join("copy/up_link")).unwrap(),
+        PathBuf::from("sub/..")
+    );
+    // A link at the top is copied as a link, not as what it points to.
+    root.copy_all("abs_out", &root, "abs_copy").unwrap();
+    assert!(
+        fs::symlink_metadata(l.root.join("abs_copy"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        fs::read_dir(&l.outside).unwrap().count(),
+        1,
+        "nothing was written outside"
+    );
+    assert_eq!(errno(root.copy_all("real", &root, "copy")), Errno::EXIST);
+    let meta = root.dir_metadata().unwrap();
+    assert_eq!(meta.ino(), fs::metadata(&l.root).unwrap().ino());
+}
+
+use std::os::unix::fs::PermissionsExt as _;

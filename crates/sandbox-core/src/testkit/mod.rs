@@ -14,6 +14,8 @@
 pub mod faults;
 pub mod faulty;
 pub mod guards;
+pub mod logs;
+pub mod race;
 pub mod raw_tar;
 mod stores;
 

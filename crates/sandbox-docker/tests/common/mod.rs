@@ -78,6 +78,8 @@ pub struct DockerFixture {
     pub image: String,
     pub prefix: String,
     _sweep: Sweep,
+    /// Sweeps of the shared prefixes of the cross-process scenarios (parent process only).
+    shared_sweeps: std::sync::Mutex<Vec<Sweep>>,
 }
 
 pub fn fixture() -> DockerFixture {
@@ -92,6 +94,7 @@ pub fn fixture_for(image: &str) -> DockerFixture {
         image: image.to_owned(),
         prefix: prefix.clone(),
         _sweep: Sweep(prefix),
+        shared_sweeps: std::sync::Mutex::new(Vec::new()),
     }
 }
 
@@ -102,6 +105,34 @@ impl Fixture for DockerFixture {
             DockerClient::new(
                 DockerOptions::new(&self.image)
                     .name_prefix(&self.prefix)
+                    .pull_policy(PullPolicy::Never)
+                    .persistence(persistence),
+            )
+            .expect("client"),
+        )
+    }
+
+    async fn client_at(
+        &self,
+        persistence: Persistence,
+        shared: &std::path::Path,
+    ) -> Arc<dyn SandboxClient> {
+        // Every process of a cross-process scenario must name the key's container alike: the
+        // prefix comes from the shared directory.
+        use std::hash::{Hash as _, Hasher as _};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        shared.hash(&mut h);
+        let prefix = format!("sbxx{:010x}", h.finish() & 0xff_ffff_ffff);
+        if std::env::var_os("SANDBOX_TESTKIT_ROLE").is_none() {
+            self.shared_sweeps
+                .lock()
+                .expect("sweeps")
+                .push(Sweep(prefix.clone()));
+        }
+        Arc::new(
+            DockerClient::new(
+                DockerOptions::new(&self.image)
+                    .name_prefix(prefix)
                     .pull_policy(PullPolicy::Never)
                     .persistence(persistence),
             )

@@ -6,6 +6,13 @@
 //! user bound ([`LocalFs::for_user`]) a third layer, `workspace/<user>/`, sits on top for
 //! user-level paths (`MEMORY.md`, `memory/`, `agents/`, `plans/`, `skills/`), and a user's
 //! `skills/<name>/` hides the shared skill of that name entirely.
+//!
+//! Every layer is a directory *handle*: the roots are opened once, in [`LocalFs::new`], and a
+//! path's text is checked first (`..`, NUL, absolute roots, other users), then resolved by the
+//! kernel beneath the handle of the layer it belongs to (`sandbox_core::beneath`). Nothing is
+//! checked on a path and then used by re-reading that path, so a shell swapping names or parent
+//! directories for symlinks to elsewhere cannot redirect an operation. Only the `Unrestricted`
+//! policy, which has no root, uses plain paths.
 
 mod options;
 mod shell;
@@ -14,13 +21,16 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::fs;
 use std::hash::{Hash, Hasher};
-use std::io::{self, Write as _};
-use std::os::unix::fs::PermissionsExt as _;
+use std::io::{self, Read as _, Write as _};
+use std::os::fd::{AsFd, AsRawFd as _};
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Component, Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use sandbox_core::beneath::{self, Anchor, Dir, Follow, Kind};
 use sandbox_core::{Error, RelPath, Result};
 
 pub use options::{DEFAULT_WORKSPACE_DIR, LocalOptions, PathPolicy};
@@ -82,12 +92,16 @@ fn user_dir_name(user: &str) -> String {
     out
 }
 
-#[derive(Debug, Clone)]
+/// A root directory: where the view's layers live, or a directory reachable by absolute path.
+#[derive(Debug)]
 struct Root {
     /// As configured (made absolute, lexically normalized).
     given: PathBuf,
     /// Canonical.
     real: PathBuf,
+    /// Held open from construction: every path under this root is resolved by the kernel
+    /// beneath this handle, never by re-reading `real` (whose parents the shell may swap).
+    dir: Arc<Dir>,
 }
 
 impl Root {
@@ -104,7 +118,8 @@ impl Root {
         };
         let given = lexical(&abs);
         let real = fs::canonicalize(&given).map_err(|e| Error::io(&given, e))?;
-        Ok(Root { given, real })
+        let dir = Arc::new(Dir::open(&real).map_err(|e| Error::io(&real, e))?);
+        Ok(Root { given, real, dir })
     }
 
     /// `abs` relative to this root, if it lies at or under it (compared by components).
@@ -112,6 +127,14 @@ impl Root {
         abs.strip_prefix(&self.given)
             .or_else(|_| abs.strip_prefix(&self.real))
             .ok()
+    }
+
+    fn layer(&self, writable: bool) -> Layer {
+        Layer {
+            dir: self.dir.clone(),
+            path: self.real.clone(),
+            writable,
+        }
     }
 }
 
@@ -187,24 +210,213 @@ enum Target {
     View(Option<RelPath>),
     /// One host directory reached by an absolute path.
     Direct {
-        root: PathBuf,
+        root: RootId,
         display: PathBuf,
         rel: Option<RelPath>,
         writable: bool,
     },
 }
 
+/// Which root a [`Target::Direct`] lies under.
+#[derive(Debug, Clone, Copy)]
+enum RootId {
+    Workspace,
+    Project,
+    Extra(usize),
+    /// No root: an absolute path the `Unrestricted` policy passes through.
+    Host,
+}
+
+/// A layer of the view: a directory handle and the host path it is shown by.
+#[derive(Debug, Clone)]
+struct Layer {
+    dir: Arc<Dir>,
+    /// Where the handle was opened (messages, listings' hiding rules, the no-`/proc` fallback).
+    path: PathBuf,
+    writable: bool,
+}
+
+/// Where one operation looks.
+#[derive(Debug, Clone)]
+enum Place {
+    /// `rel` (`None`: the directory itself) resolved by the kernel beneath `dir`.
+    Beneath {
+        dir: Arc<Dir>,
+        path: PathBuf,
+        rel: Option<RelPath>,
+    },
+    /// A path of the `Unrestricted` policy: resolved as the process would, nothing checked.
+    Host(PathBuf),
+}
+
 /// One place a path may be found.
 #[derive(Debug, Clone)]
 struct Candidate {
-    abs: PathBuf,
+    place: Place,
     writable: bool,
     /// 0 = top layer.
     layer: usize,
 }
 
+impl Place {
+    /// The host path this place is shown by.
+    fn abs(&self) -> PathBuf {
+        match self {
+            Place::Beneath { path, rel, .. } => {
+                rel.as_ref().map_or(path.clone(), |r| r.to_host(path))
+            }
+            Place::Host(path) => path.clone(),
+        }
+    }
+
+    /// A handle for metadata and whereabouts (`None` for a root itself, which needs no
+    /// whereabouts check) and the metadata, a final symlink followed.
+    fn stat(&self, anchors: &[Anchor<'_>]) -> io::Result<(Option<fs::File>, fs::Metadata)> {
+        match self {
+            Place::Beneath { dir, rel: None, .. } => Ok((None, dir.dir_metadata()?)),
+            Place::Beneath {
+                dir,
+                rel: Some(rel),
+                ..
+            } => {
+                let file = dir.open_path_anchored(rel, anchors)?;
+                let meta = file.metadata()?;
+                Ok((Some(file), meta))
+            }
+            Place::Host(path) => Ok((None, fs::metadata(path)?)),
+        }
+    }
+
+    /// Open for reading (a directory opens too; the caller looks at the metadata).
+    fn open_read(&self, anchors: &[Anchor<'_>]) -> io::Result<Option<fs::File>> {
+        match self {
+            Place::Beneath { rel: None, .. } => Ok(None),
+            Place::Beneath {
+                dir,
+                rel: Some(rel),
+                ..
+            } => dir.read_file_anchored(rel, anchors).map(Some),
+            Place::Host(path) => fs::File::open(path).map(Some),
+        }
+    }
+
+    /// Open as a directory.
+    fn open_dir(&self, anchors: &[Anchor<'_>]) -> io::Result<Dir> {
+        match self {
+            Place::Beneath { dir, rel: None, .. } => dir.try_clone(),
+            Place::Beneath {
+                dir,
+                rel: Some(rel),
+                ..
+            } => dir.open_dir_anchored(rel, anchors),
+            Place::Host(path) => Dir::open(fs::canonicalize(path)?),
+        }
+    }
+
+    /// The directory holding this place (created with its parents when `create`), and the
+    /// name in it. Beneath a root the parents are resolved beneath its handle (symlinks that
+    /// stay beneath it followed); the name itself is never followed by what is done with it.
+    fn parent(&self, create: bool) -> io::Result<(Dir, String)> {
+        match self {
+            Place::Beneath { rel: None, .. } => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a root directory has no parent here",
+            )),
+            Place::Beneath {
+                dir,
+                rel: Some(rel),
+                ..
+            } => {
+                let (parent, name) = dir.parent_of(rel, Follow::Beneath, create)?;
+                Ok((parent, name.to_owned()))
+            }
+            Place::Host(path) => {
+                let (Some(parent), Some(name)) =
+                    (path.parent(), path.file_name().and_then(|n| n.to_str()))
+                else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "no parent directory",
+                    ));
+                };
+                if create {
+                    fs::create_dir_all(parent)?;
+                }
+                Ok((Dir::open(fs::canonicalize(parent)?)?, name.to_owned()))
+            }
+        }
+    }
+}
+
+/// Whether `e` means "nothing there" (a missing component, or a file where a directory was
+/// expected).
+fn is_missing(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+    )
+}
+
+/// The typed error of a failed host operation on `raw` (shown on the host as `abs`): a
+/// resolution that would leave its root (`EXDEV`) is a path escape. (`ELOOP` from a resolution
+/// that follows links beneath its root is a loop of links, an I/O error as before.)
+fn fs_error(raw: &str, abs: &Path, e: io::Error) -> Error {
+    if e.kind() == io::ErrorKind::CrossesDevices {
+        return Error::path_escape(
+            raw,
+            "resolves (through a symlink) to a place outside the allowed roots",
+        );
+    }
+    Error::io(abs, e)
+}
+
+/// Where the kernel says an open handle is now (Linux's `/proc/self/fd`).
+fn whereabouts(handle: &impl AsFd) -> Option<PathBuf> {
+    fs::read_link(format!("/proc/self/fd/{}", handle.as_fd().as_raw_fd())).ok()
+}
+
+/// A directory's identity (device, inode).
+fn dir_id(dir: &Dir) -> Option<(u64, u64)> {
+    dir.dir_metadata().ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Whether the entry `name` of `dir` is a marked user directory (looked at through the handle,
+/// a symlink there is not followed).
+fn is_user_dir(dir: &Dir, name: &str) -> bool {
+    dir.open_subdir(name)
+        .and_then(|d| d.entry_metadata(USER_MARKER))
+        .is_ok()
+}
+
+/// An atomic replace of `name` in `parent`: a temporary file beside it, then `renameat` over
+/// it (a symlink at `name` is replaced, never written through). Keeps the permission bits of a
+/// file it replaces; a new file gets `0o666` less the umask, as `open(2)` gives.
+fn write_atomic(parent: &Dir, name: &str, data: &[u8]) -> io::Result<()> {
+    let mode = parent
+        .entry_metadata(name)
+        .ok()
+        .filter(fs::Metadata::is_file)
+        .map(|m| m.permissions().mode());
+    // A fixed-length name: `.<name>.tmp` could exceed NAME_MAX for a long name.
+    let tmp = format!("{TMP_TAG}{}", uuid::Uuid::new_v4().simple());
+    let result = (|| {
+        let mut file = parent.create_new(&tmp, 0o666)?;
+        file.write_all(data)?;
+        if let Some(mode) = mode {
+            file.set_permissions(fs::Permissions::from_mode(mode))?;
+        }
+        file.sync_data()?;
+        parent.rename(&tmp, parent, name)
+    })();
+    if result.is_err() {
+        let _ = parent.remove_file(&tmp);
+    }
+    result
+}
+
 impl LocalFs {
-    /// Open (creating the workspace directory) with `options`.
+    /// Open (creating the workspace directory) with `options`. The workspace, project and
+    /// extra roots are opened here and held: later operations resolve beneath these handles.
     pub fn new(options: LocalOptions) -> Result<LocalFs> {
         let project_path = match &options.project {
             Some(p) => p.clone(),
@@ -267,10 +479,72 @@ impl LocalFs {
         self.inner.policy
     }
 
-    fn user_dir(&self) -> Option<PathBuf> {
-        self.user
-            .as_ref()
-            .map(|u| self.inner.workspace.real.join(u))
+    /// The bound user's directory as a layer: opened beneath the workspace handle without
+    /// following a symlink at its name, and created (and marked) when `create` is set.
+    /// `Ok(None)`: no user is bound, or the directory does not exist yet.
+    fn user_layer(&self, create: bool) -> Result<Option<Layer>> {
+        let Some(user) = &self.user else {
+            return Ok(None);
+        };
+        let ws = &self.inner.workspace;
+        let path = ws.real.join(user);
+        if create {
+            match ws.dir.create_subdir(user, 0o755) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io(&path, e)),
+            }
+        }
+        let dir = match ws.dir.open_subdir(user) {
+            Ok(dir) => dir,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            // A symlink (or a file) where the user's directory belongs.
+            Err(e)
+                if e.kind() == io::ErrorKind::NotADirectory || beneath::refusal(&e).is_some() =>
+            {
+                return Err(Error::path_escape(
+                    user,
+                    "the user's directory is not a real directory (a symlink or a file is in its place)",
+                ));
+            }
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        if create {
+            match dir.create_new(USER_MARKER, 0o644) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io(path.join(USER_MARKER), e)),
+            }
+        }
+        Ok(Some(Layer {
+            dir: Arc::new(dir),
+            path,
+            writable: true,
+        }))
+    }
+
+    /// Directories an absolute symlink met on the way may lead into: the allowed roots
+    /// (extra roots only under `Rooted`), by both their spellings.
+    fn anchors(&self) -> Vec<Anchor<'_>> {
+        let inner = &self.inner;
+        let mut roots = vec![&inner.workspace, &inner.project];
+        if inner.policy == PathPolicy::Rooted {
+            roots.extend(inner.extra.iter());
+        }
+        let mut out = Vec::new();
+        for root in roots {
+            out.push(Anchor {
+                path: &root.real,
+                dir: &root.dir,
+            });
+            if root.given != root.real {
+                out.push(Anchor {
+                    path: &root.given,
+                    dir: &root.dir,
+                });
+            }
+        }
+        out
     }
 
     // ---- path resolution -------------------------------------------------------------
@@ -306,25 +580,33 @@ impl LocalFs {
         }
         let path = lexical(path);
         let inner = &self.inner;
-        let mut roots: Vec<(&Root, bool, bool)> = vec![
-            (&inner.workspace, true, true),
-            (&inner.project, inner.project_writable, false),
+        let mut roots: Vec<(&Root, RootId, bool)> = vec![
+            (&inner.workspace, RootId::Workspace, true),
+            (&inner.project, RootId::Project, inner.project_writable),
         ];
-        roots.extend(inner.extra.iter().map(|r| (r, true, false)));
+        roots.extend(
+            inner
+                .extra
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (r, RootId::Extra(i), true)),
+        );
         // Longest root first: the workspace usually lies inside the project.
         roots.sort_by_key(|(r, _, _)| std::cmp::Reverse(r.given.components().count()));
-        for (root, writable, is_ws) in roots {
+        for (root, id, writable) in roots {
             if let Some(rest) = root.strip(&path) {
                 let rel = if rest.as_os_str().is_empty() {
                     None
                 } else {
                     Some(RelPath::from_path(rest)?)
                 };
-                if is_ws && let Some(rel) = &rel {
+                if matches!(id, RootId::Workspace)
+                    && let Some(rel) = &rel
+                {
                     self.check_user_component(raw, rel)?;
                 }
                 return Ok(Target::Direct {
-                    root: root.real.clone(),
+                    root: id,
                     display: root.given.clone(),
                     rel,
                     writable,
@@ -339,7 +621,7 @@ impl LocalFs {
                 Some(RelPath::from_path(rest)?)
             };
             return Ok(Target::Direct {
-                root: PathBuf::from("/"),
+                root: RootId::Host,
                 display: PathBuf::from("/"),
                 rel,
                 writable: true,
@@ -359,20 +641,14 @@ impl LocalFs {
         ))
     }
 
-    /// Refuse a workspace path whose first component is another user's directory.
+    /// Refuse a workspace path whose first component is another user's directory (the text
+    /// check; where a path really leads is checked on the opened handle).
     fn check_user_component(&self, raw: &str, rel: &RelPath) -> Result<()> {
         let first = first_component(rel);
         if self.user.as_deref() == Some(first) {
             return Ok(());
         }
-        if self
-            .inner
-            .workspace
-            .real
-            .join(first)
-            .join(USER_MARKER)
-            .exists()
-        {
+        if is_user_dir(&self.inner.workspace.dir, first) {
             return Err(Error::path_escape(
                 raw,
                 "this directory belongs to another user",
@@ -381,45 +657,22 @@ impl LocalFs {
         Ok(())
     }
 
-    /// Check where `abs` really leads (symlinks resolved): inside an allowed root and not in
-    /// another user's directory.
-    fn check_resolved(&self, abs: &Path, raw: &str) -> Result<()> {
+    /// Refuse a handle the kernel opened (beneath an allowed root) that lies in another user's
+    /// directory, reached through a symlink. Looked up on the handle itself; where `/proc` is
+    /// missing, on `fallback`, the path it was opened by, with symlinks resolved.
+    fn check_whereabouts(&self, handle: &impl AsFd, fallback: &Path, raw: &str) -> Result<()> {
         if self.inner.policy == PathPolicy::Unrestricted {
             return Ok(());
         }
-        let mut probe = abs;
-        let real = loop {
-            match fs::canonicalize(probe) {
-                Ok(real) => break real,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-                    ) =>
-                {
-                    match probe.parent() {
-                        Some(parent) => probe = parent,
-                        None => return Ok(()),
-                    }
-                }
-                Err(e) => return Err(Error::io(probe, e)),
-            }
+        let Some(real) = whereabouts(handle).or_else(|| fs::canonicalize(fallback).ok()) else {
+            return Ok(());
         };
-        let inner = &self.inner;
-        let mut allowed = vec![&inner.workspace.real, &inner.project.real];
-        if inner.policy == PathPolicy::Rooted {
-            allowed.extend(inner.extra.iter().map(|r| &r.real));
-        }
-        if !allowed.iter().any(|root| real.starts_with(root)) {
-            return Err(Error::path_escape(
-                raw,
-                "resolves (through a symlink) to a place outside the allowed roots",
-            ));
-        }
-        if let Ok(rest) = real.strip_prefix(&inner.workspace.real)
+        let ws = &self.inner.workspace;
+        if let Ok(rest) = real.strip_prefix(&ws.real)
             && let Some(Component::Normal(first)) = rest.components().next()
-            && self.user.as_deref().map(std::ffi::OsStr::new) != Some(first)
-            && inner.workspace.real.join(first).join(USER_MARKER).exists()
+            && let Some(first) = first.to_str()
+            && self.user.as_deref() != Some(first)
+            && is_user_dir(&ws.dir, first)
         {
             return Err(Error::path_escape(
                 raw,
@@ -430,40 +683,62 @@ impl LocalFs {
     }
 
     /// The layers of the view for `rel`, top first.
-    fn layers(&self, rel: Option<&RelPath>) -> Vec<(PathBuf, bool)> {
+    fn layers(&self, rel: Option<&RelPath>) -> Result<Vec<Layer>> {
         let inner = &self.inner;
         let mut out = Vec::new();
         let user_level = rel.is_none_or(is_user_level);
-        if let Some(user_dir) = self.user_dir()
-            && user_level
-        {
+        if user_level && let Some(user) = self.user_layer(false)? {
             // A user's skills/<name>/ replaces the shared skill of that name.
             if let Some(rel) = rel {
                 let parts: Vec<&str> = rel.components().collect();
                 if parts.len() >= 2
                     && parts[0] == "skills"
-                    && user_dir.join("skills").join(parts[1]).is_dir()
+                    && RelPath::new(format!("skills/{}", parts[1]))
+                        .ok()
+                        .and_then(|skill| user.dir.metadata(&skill, Follow::Beneath).ok())
+                        .is_some_and(|m| m.is_dir())
                 {
-                    return vec![(user_dir, true)];
+                    return Ok(vec![user]);
                 }
             }
-            out.push((user_dir, true));
+            out.push(user);
         }
-        out.push((inner.workspace.real.clone(), true));
+        out.push(inner.workspace.layer(true));
         let project_writable = inner.project_writable && rel.is_some_and(|r| !is_metadata(r));
-        out.push((inner.project.real.clone(), project_writable));
-        out
+        out.push(inner.project.layer(project_writable));
+        Ok(out)
     }
 
-    fn candidates(&self, target: &Target) -> Vec<Candidate> {
-        match target {
+    /// `rel` in `layer`, beneath its handle; under the `Unrestricted` policy, a plain path.
+    fn place_in(&self, layer: &Layer, rel: Option<&RelPath>) -> Place {
+        if self.inner.policy == PathPolicy::Unrestricted {
+            return Place::Host(rel.map_or(layer.path.clone(), |r| r.to_host(&layer.path)));
+        }
+        Place::Beneath {
+            dir: layer.dir.clone(),
+            path: layer.path.clone(),
+            rel: rel.cloned(),
+        }
+    }
+
+    fn root(&self, id: RootId) -> Option<&Root> {
+        match id {
+            RootId::Workspace => Some(&self.inner.workspace),
+            RootId::Project => Some(&self.inner.project),
+            RootId::Extra(i) => self.inner.extra.get(i),
+            RootId::Host => None,
+        }
+    }
+
+    fn candidates(&self, target: &Target) -> Result<Vec<Candidate>> {
+        Ok(match target {
             Target::View(rel) => self
-                .layers(rel.as_ref())
-                .into_iter()
+                .layers(rel.as_ref())?
+                .iter()
                 .enumerate()
-                .map(|(layer, (dir, writable))| Candidate {
-                    abs: rel.as_ref().map_or(dir.clone(), |r| r.to_host(&dir)),
-                    writable,
+                .map(|(layer, l)| Candidate {
+                    place: self.place_in(l, rel.as_ref()),
+                    writable: l.writable,
                     layer,
                 })
                 .collect(),
@@ -472,30 +747,40 @@ impl LocalFs {
                 rel,
                 writable,
                 ..
-            } => vec![Candidate {
-                abs: rel.as_ref().map_or(root.clone(), |r| r.to_host(root)),
-                writable: *writable,
-                layer: 0,
-            }],
-        }
+            } => {
+                let place = match self.root(*root) {
+                    Some(r) => self.place_in(&r.layer(*writable), rel.as_ref()),
+                    None => Place::Host(
+                        rel.as_ref()
+                            .map_or(PathBuf::from("/"), |r| r.to_host(Path::new("/"))),
+                    ),
+                };
+                vec![Candidate {
+                    place,
+                    writable: *writable,
+                    layer: 0,
+                }]
+            }
+        })
     }
 
-    /// Where a write to `target` goes.
-    fn write_target(&self, target: &Target, raw: &str) -> Result<PathBuf> {
+    /// Where a write to `target` goes (the bound user's directory is created on the way).
+    fn write_target(&self, target: &Target, raw: &str) -> Result<Place> {
         match target {
             Target::View(None) | Target::Direct { rel: None, .. } => Err(Error::invalid(
                 "path",
                 format!("`{raw}` is a root directory; give a file path"),
             )),
             Target::View(Some(rel)) => {
-                let dir = if let (Some(user_dir), true) = (self.user_dir(), is_user_level(rel)) {
-                    user_dir
+                let layer = if self.user.is_some() && is_user_level(rel) {
+                    self.user_layer(true)?
+                        .expect("the user's directory was just created")
                 } else if self.inner.project_writable && !is_metadata(rel) {
-                    self.inner.project.real.clone()
+                    self.inner.project.layer(true)
                 } else {
-                    self.inner.workspace.real.clone()
+                    self.inner.workspace.layer(true)
                 };
-                Ok(rel.to_host(&dir))
+                Ok(self.place_in(&layer, Some(rel)))
             }
             Target::Direct {
                 root,
@@ -506,7 +791,10 @@ impl LocalFs {
                 if !writable {
                     return Err(read_only(raw));
                 }
-                Ok(rel.to_host(root))
+                Ok(match self.root(*root) {
+                    Some(r) => self.place_in(&r.layer(true), Some(rel)),
+                    None => Place::Host(rel.to_host(Path::new("/"))),
+                })
             }
         }
     }
@@ -530,33 +818,25 @@ impl LocalFs {
         }
     }
 
-    /// Make sure the bound user's directory exists and is marked.
-    fn ensure_user_dir(&self, abs: &Path) -> Result<()> {
-        if let Some(user_dir) = self.user_dir()
-            && abs.starts_with(&user_dir)
-        {
-            fs::create_dir_all(&user_dir).map_err(|e| Error::io(&user_dir, e))?;
-            let marker = user_dir.join(USER_MARKER);
-            if !marker.exists() {
-                fs::write(&marker, b"").map_err(|e| Error::io(&marker, e))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether `name` in directory `dir` is hidden from listings.
-    fn hidden(&self, dir: &Path, name: &str) -> bool {
-        if name.contains(TMP_TAG) || name == USER_MARKER {
+    /// Whether the entry `name` (of kind `kind`) of the directory `dir`, shown at `dir_path`,
+    /// is hidden from listings. `dir_is_ws`: `dir` is the workspace root.
+    fn hidden(&self, dir: &Dir, dir_is_ws: bool, dir_path: &Path, name: &str, kind: Kind) -> bool {
+        if name.contains(TMP_TAG) || name.starts_with(beneath::TMP_PREFIX) || name == USER_MARKER {
             return true;
         }
-        let abs = dir.join(name);
+        let abs = dir_path.join(name);
         let ws = &self.inner.workspace.real;
         // The workspace (and the default layout's own directory around it) is not project
         // content.
         if &abs == ws || (name == WORKSPACE_PARENT && ws.starts_with(&abs)) {
             return true;
         }
-        dir == self.inner.workspace.real && abs.join(USER_MARKER).exists()
+        dir_is_ws && kind == Kind::Dir && is_user_dir(dir, name)
+    }
+
+    /// The workspace root's identity (device, inode), to recognise it whatever path reached it.
+    fn workspace_id(&self) -> Option<(u64, u64)> {
+        dir_id(&self.inner.workspace.dir)
     }
 
     // ---- blocking operations ------------------------------------------------------
@@ -566,36 +846,55 @@ impl LocalFs {
         target: &Target,
         raw: &str,
     ) -> Result<Option<(Candidate, fs::Metadata)>> {
-        for cand in self.candidates(target) {
-            self.check_resolved(&cand.abs, raw)?;
-            match fs::metadata(&cand.abs) {
-                Ok(meta) => return Ok(Some((cand, meta))),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-                    ) => {}
-                Err(e) => return Err(Error::io(&cand.abs, e)),
+        let anchors = self.anchors();
+        for cand in self.candidates(target)? {
+            match cand.place.stat(&anchors) {
+                Ok((handle, meta)) => {
+                    if let Some(handle) = &handle {
+                        self.check_whereabouts(handle, &cand.place.abs(), raw)?;
+                    }
+                    return Ok(Some((cand, meta)));
+                }
+                Err(e) if is_missing(&e) => {}
+                Err(e) => return Err(fs_error(raw, &cand.place.abs(), e)),
             }
         }
         Ok(None)
     }
 
+    /// The bytes of the first layer that has `raw`: opened once, checked on the handle, read
+    /// from the handle.
     fn read_blocking(&self, raw: &str) -> Result<Option<Bytes>> {
         let target = self.locate(raw)?;
-        match self.first_existing(&target, raw)? {
-            None => Ok(None),
-            Some((_, meta)) if meta.is_dir() => Err(is_dir(raw)),
-            Some((cand, _)) => fs::read(&cand.abs)
-                .map(|d| Some(Bytes::from(d)))
-                .map_err(|e| Error::io(&cand.abs, e)),
+        let anchors = self.anchors();
+        for cand in self.candidates(&target)? {
+            let abs = cand.place.abs();
+            let mut file = match cand.place.open_read(&anchors) {
+                Ok(Some(file)) => file,
+                Ok(None) => return Err(is_dir(raw)),
+                Err(e) if is_missing(&e) => continue,
+                Err(e) => return Err(fs_error(raw, &abs, e)),
+            };
+            self.check_whereabouts(&file, &abs, raw)?;
+            let meta = file.metadata().map_err(|e| Error::io(&abs, e))?;
+            if meta.is_dir() {
+                return Err(is_dir(raw));
+            }
+            let mut data = Vec::with_capacity(meta.len() as usize);
+            file.read_to_end(&mut data)
+                .map_err(|e| Error::io(&abs, e))?;
+            return Ok(Some(Bytes::from(data)));
         }
+        Ok(None)
     }
 
-    fn write_blocking(&self, raw: &str, abs: &Path, data: &[u8]) -> Result<()> {
-        self.check_resolved(abs, raw)?;
-        self.ensure_user_dir(abs)?;
-        write_atomic(abs, data)
+    fn write_blocking(&self, raw: &str, data: &[u8]) -> Result<()> {
+        let target = self.locate(raw)?;
+        let place = self.write_target(&target, raw)?;
+        let abs = place.abs();
+        let (parent, name) = place.parent(true).map_err(|e| fs_error(raw, &abs, e))?;
+        self.check_whereabouts(&parent, abs.parent().unwrap_or(&abs), raw)?;
+        write_atomic(&parent, &name, data).map_err(|e| Error::io(&abs, e))
     }
 
     fn stat_blocking(&self, raw: &str) -> Result<Option<FileInfo>> {
@@ -604,6 +903,23 @@ impl LocalFs {
             FileInfo::new(Self::display(&target), kind_of(&meta), size_of(&meta))
                 .modified(meta.modified().ok())
         }))
+    }
+
+    /// The directory holding `cand` and the name in it, if the name exists there (not
+    /// following a symlink at the name).
+    fn existing_entry(&self, cand: &Candidate, raw: &str) -> Result<Option<(Dir, String)>> {
+        let abs = cand.place.abs();
+        let (parent, name) = match cand.place.parent(false) {
+            Ok(found) => found,
+            Err(e) if is_missing(&e) => return Ok(None),
+            Err(e) => return Err(fs_error(raw, &abs, e)),
+        };
+        self.check_whereabouts(&parent, abs.parent().unwrap_or(&abs), raw)?;
+        match parent.entry_metadata(&name) {
+            Ok(_) => Ok(Some((parent, name))),
+            Err(e) if is_missing(&e) => Ok(None),
+            Err(e) => Err(Error::io(&abs, e)),
+        }
     }
 
     fn delete_blocking(&self, raw: &str) -> Result<()> {
@@ -617,33 +933,18 @@ impl LocalFs {
                 format!("`{raw}` is a root directory; it cannot be deleted"),
             ));
         }
-        for cand in self.candidates(&target) {
-            // The link itself is removed, never what it points to; the check still applies to
-            // where it lies.
-            if let Some(parent) = cand.abs.parent() {
-                self.check_resolved(parent, raw)?;
-            }
-            let meta = match fs::symlink_metadata(&cand.abs) {
-                Ok(m) => m,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-                    ) =>
-                {
-                    continue;
-                }
-                Err(e) => return Err(Error::io(&cand.abs, e)),
+        for cand in self.candidates(&target)? {
+            // The link itself is removed, never what it points to; its parents are resolved
+            // beneath the layer's handle.
+            let Some((parent, name)) = self.existing_entry(&cand, raw)? else {
+                continue;
             };
             if !cand.writable {
                 return Err(read_only(raw));
             }
-            let r = if meta.is_dir() {
-                fs::remove_dir_all(&cand.abs)
-            } else {
-                fs::remove_file(&cand.abs)
-            };
-            return r.map_err(|e| Error::io(&cand.abs, e));
+            return parent
+                .remove_all(&name)
+                .map_err(|e| Error::io(cand.place.abs(), e));
         }
         Err(not_found(raw))
     }
@@ -651,79 +952,94 @@ impl LocalFs {
     fn rename_blocking(&self, from: &str, to: &str) -> Result<()> {
         let src_target = self.locate(from)?;
         let dst_target = self.locate(to)?;
-        let (src, _) = self
-            .first_existing(&src_target, from)?
-            .ok_or_else(|| not_found(from))?;
+        let mut src = None;
+        for cand in self.candidates(&src_target)? {
+            if let Some(entry) = self.existing_entry(&cand, from)? {
+                src = Some((cand, entry));
+                break;
+            }
+        }
+        let (src, (src_parent, src_name)) = src.ok_or_else(|| not_found(from))?;
         if !src.writable {
             return Err(read_only(from));
         }
         if self.first_existing(&dst_target, to)?.is_some() {
-            return Err(Error::Conflict {
-                key: to.to_owned(),
-                reason: "the destination already exists; delete it first or choose another name"
-                    .into(),
-            });
+            return Err(conflict(to));
         }
         let dst = self.write_target(&dst_target, to)?;
-        if dst.starts_with(&src.abs) {
-            return Err(Error::invalid(
-                "path",
-                format!("cannot move `{from}` into itself (`{to}`)"),
-            ));
+        let (src_abs, dst_abs) = (src.place.abs(), dst.abs());
+        if dst_abs.starts_with(&src_abs) {
+            return Err(into_itself(from, to));
         }
-        self.check_resolved(&dst, to)?;
-        self.ensure_user_dir(&dst)?;
-        if let Some(parent) = dst.parent() {
-            fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-        }
-        match fs::rename(&src.abs, &dst) {
+        let (dst_parent, dst_name) = dst.parent(true).map_err(|e| fs_error(to, &dst_abs, e))?;
+        self.check_whereabouts(&dst_parent, dst_abs.parent().unwrap_or(&dst_abs), to)?;
+        match src_parent.rename_noreplace(&src_name, &dst_parent, &dst_name) {
             Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(conflict(to)),
+            // From a rename (no resolution), EXDEV means another filesystem.
             Err(e) if e.kind() == io::ErrorKind::CrossesDevices => {
-                copy_tree(&src.abs, &dst)?;
-                let meta = fs::symlink_metadata(&src.abs).map_err(|e| Error::io(&src.abs, e))?;
-                if meta.is_dir() {
-                    fs::remove_dir_all(&src.abs)
-                } else {
-                    fs::remove_file(&src.abs)
-                }
-                .map_err(|e| Error::io(&src.abs, e))
+                // Another filesystem: copy (following no link), then remove the original.
+                src_parent
+                    .copy_all(&src_name, &dst_parent, &dst_name)
+                    .map_err(|e| Error::io(&dst_abs, e))?;
+                src_parent
+                    .remove_all(&src_name)
+                    .map_err(|e| Error::io(&src_abs, e))
             }
-            Err(e) => Err(Error::io(&src.abs, e)),
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                // Filesystems without RENAME_NOREPLACE say EINVAL; the destination was checked
+                // above. A move into itself is EINVAL again.
+                match src_parent.rename(&src_name, &dst_parent, &dst_name) {
+                    Err(e) if e.kind() == io::ErrorKind::InvalidInput => Err(into_itself(from, to)),
+                    r => r.map_err(|e| Error::io(&src_abs, e)),
+                }
+            }
+            Err(e) => Err(Error::io(&src_abs, e)),
         }
     }
 
     fn list_blocking(&self, raw: &str) -> Result<Vec<FileInfo>> {
         let target = self.locate(raw)?;
+        let anchors = self.anchors();
         let mut merged: BTreeMap<String, FileInfo> = BTreeMap::new();
         let mut any_dir = false;
         let mut any_file = false;
-        for cand in self.candidates(&target) {
-            self.check_resolved(&cand.abs, raw)?;
-            match fs::metadata(&cand.abs) {
-                Ok(m) if m.is_dir() => any_dir = true,
-                Ok(_) => {
-                    any_file = true;
+        for cand in self.candidates(&target)? {
+            let abs = cand.place.abs();
+            let dir = match cand.place.open_dir(&anchors) {
+                Ok(dir) => dir,
+                Err(e) if e.kind() == io::ErrorKind::NotADirectory => {
+                    // A file here, or a file on the way.
+                    if cand.place.stat(&anchors).is_ok_and(|(_, m)| !m.is_dir()) {
+                        any_file = true;
+                    }
                     continue;
                 }
-                Err(_) => continue,
-            }
-            let entries = fs::read_dir(&cand.abs).map_err(|e| Error::io(&cand.abs, e))?;
-            for entry in entries {
-                let entry = entry.map_err(|e| Error::io(&cand.abs, e))?;
-                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                Err(e) if is_missing(&e) => continue,
+                Err(e) => return Err(fs_error(raw, &abs, e)),
+            };
+            self.check_whereabouts(&dir, &abs, raw)?;
+            any_dir = true;
+            let dir_is_ws = dir_id(&dir).is_some_and(|id| Some(id) == self.workspace_id());
+            for entry in dir.entries().map_err(|e| Error::io(&abs, e))? {
+                let Some(name) = entry.name.to_str() else {
                     continue;
                 };
-                if self.hidden(&cand.abs, &name) || merged.contains_key(&name) {
+                if merged.contains_key(name) || self.hidden(&dir, dir_is_ws, &abs, name, entry.kind)
+                {
                     continue;
                 }
-                let meta = entry.metadata().map_err(|e| Error::io(entry.path(), e))?;
+                // Not following a link; an entry removed meanwhile is skipped.
+                let Ok(meta) = dir.entry_metadata(name) else {
+                    continue;
+                };
                 let info = FileInfo::new(
-                    Self::display_child(&target, &name),
+                    Self::display_child(&target, name),
                     kind_of(&meta),
                     size_of(&meta),
                 )
                 .modified(meta.modified().ok());
-                merged.insert(name, info);
+                merged.insert(name.to_owned(), info);
             }
         }
         if !any_dir {
@@ -736,27 +1052,50 @@ impl LocalFs {
         Ok(merged.into_values().collect())
     }
 
+    /// Skills the bound user overrides (`skills/<name>/`): lower layers' copies are hidden.
+    fn overridden_skills(&self) -> Result<Vec<String>> {
+        let Some(user) = self.user_layer(false)? else {
+            return Ok(Vec::new());
+        };
+        let skills = RelPath::new("skills").expect("a valid path");
+        let Ok(dir) = user.dir.open_dir(&skills, Follow::Beneath) else {
+            return Ok(Vec::new());
+        };
+        Ok(dir
+            .entries()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| {
+                e.kind == Kind::Dir
+                    || (e.kind == Kind::Symlink
+                        && RelPath::from_path(Path::new(&e.name))
+                            .ok()
+                            .and_then(|r| dir.metadata(&r, Follow::Beneath).ok())
+                            .is_some_and(|m| m.is_dir()))
+            })
+            .filter_map(|e| e.name.to_str().map(|n| format!("skills/{n}/")))
+            .collect())
+    }
+
     fn walk_blocking(&self, raw: &str) -> Result<Vec<FileInfo>> {
         let target = self.locate(raw)?;
+        let anchors = self.anchors();
         let mut merged: BTreeMap<String, FileInfo> = BTreeMap::new();
         let mut found = false;
-        // Skills the bound user overrides: lower layers' copies are hidden.
-        let overridden: Vec<String> = match (&target, self.user_dir()) {
-            (Target::View(_), Some(user_dir)) => fs::read_dir(user_dir.join("skills"))
-                .map(|rd| {
-                    rd.filter_map(|e| e.ok())
-                        .filter(|e| e.path().is_dir())
-                        .filter_map(|e| e.file_name().to_str().map(|n| format!("skills/{n}/")))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            _ => Vec::new(),
+        let overridden = match target {
+            Target::View(_) => self.overridden_skills()?,
+            Target::Direct { .. } => Vec::new(),
         };
-        for cand in self.candidates(&target) {
-            self.check_resolved(&cand.abs, raw)?;
-            let Ok(meta) = fs::metadata(&cand.abs) else {
-                continue;
+        for cand in self.candidates(&target)? {
+            let abs = cand.place.abs();
+            let (handle, meta) = match cand.place.stat(&anchors) {
+                Ok(found) => found,
+                Err(e) if is_missing(&e) => continue,
+                Err(e) => return Err(fs_error(raw, &abs, e)),
             };
+            if let Some(handle) = &handle {
+                self.check_whereabouts(handle, &abs, raw)?;
+            }
             found = true;
             let base = Self::display(&target);
             if !meta.is_dir() {
@@ -766,47 +1105,93 @@ impl LocalFs {
                 });
                 continue;
             }
-            let mut stack = vec![(cand.abs.clone(), base)];
-            while let Some((dir, shown)) = stack.pop() {
-                let Ok(entries) = fs::read_dir(&dir) else {
-                    continue;
-                };
-                for entry in entries.flatten() {
-                    let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                        continue;
-                    };
-                    if name == ".git" || self.hidden(&dir, &name) {
-                        continue;
-                    }
-                    let path = if shown.is_empty() {
-                        name.clone()
-                    } else {
-                        format!("{}/{name}", shown.trim_end_matches('/'))
-                    };
-                    if cand.layer > 0 && overridden.iter().any(|o| path.starts_with(o.as_str())) {
-                        continue;
-                    }
-                    let Ok(meta) = entry.metadata() else {
-                        continue;
-                    };
-                    if meta.is_dir() {
-                        stack.push((entry.path(), path));
-                    } else if !merged.contains_key(&path) {
-                        if merged.len() >= WALK_LIMIT {
-                            tracing::warn!(limit = WALK_LIMIT, "walk stopped at its entry limit");
-                            return Ok(merged.into_values().collect());
-                        }
-                        let info = FileInfo::new(path.clone(), kind_of(&meta), size_of(&meta))
-                            .modified(meta.modified().ok());
-                        merged.insert(path, info);
-                    }
-                }
+            // Swapped for something else since the stat: nothing to walk in this layer.
+            let Ok(top) = cand.place.open_dir(&anchors) else {
+                continue;
+            };
+            let skipped = |path: &str| {
+                cand.layer > 0 && overridden.iter().any(|o| path.starts_with(o.as_str()))
+            };
+            if self.walk_tree(top, abs, base, &skipped, &mut merged) {
+                tracing::warn!(limit = WALK_LIMIT, "walk stopped at its entry limit");
+                return Ok(merged.into_values().collect());
             }
         }
         if !found {
             return Err(not_found(raw));
         }
         Ok(merged.into_values().collect())
+    }
+
+    /// Add the files under `top` (shown at `top_path` on the host, as `base` in the view) to
+    /// `merged`, where not there yet and not `skipped`. Subdirectories are opened from their
+    /// parent's handle without following a symlink, so the walk never leaves `top`; pending
+    /// ones keep their parent's handle (shared: at most one open handle per level). Returns
+    /// whether [`WALK_LIMIT`] stopped it.
+    fn walk_tree(
+        &self,
+        top: Dir,
+        top_path: PathBuf,
+        base: String,
+        skipped: &dyn Fn(&str) -> bool,
+        merged: &mut BTreeMap<String, FileInfo>,
+    ) -> bool {
+        type Pending = (Option<(Rc<Dir>, String)>, PathBuf, String);
+        let ws_id = self.workspace_id();
+        let mut top = Some(top);
+        let mut stack: Vec<Pending> = vec![(None, top_path, base)];
+        while let Some((from, dir_path, shown)) = stack.pop() {
+            let opened = match from {
+                None => top.take().ok_or(()),
+                Some((parent, name)) => parent.open_subdir(&name).map_err(drop),
+            };
+            // Swapped for a link or removed since it was listed: skipped.
+            let Ok(dir) = opened else { continue };
+            let Ok(entries) = dir.entries() else { continue };
+            let dir = Rc::new(dir);
+            let dir_is_ws = dir_id(&dir).is_some_and(|id| Some(id) == ws_id);
+            for entry in entries {
+                let Some(name) = entry.name.to_str() else {
+                    continue;
+                };
+                if name == ".git" || self.hidden(&dir, dir_is_ws, &dir_path, name, entry.kind) {
+                    continue;
+                }
+                let path = if shown.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{}/{name}", shown.trim_end_matches('/'))
+                };
+                if skipped(&path) || (entry.kind != Kind::Dir && merged.contains_key(&path)) {
+                    continue;
+                }
+                // Not following a link; an entry removed meanwhile is skipped.
+                let meta = match entry.kind {
+                    Kind::Dir => None,
+                    _ => match dir.entry_metadata(name) {
+                        Ok(meta) => Some(meta),
+                        Err(_) => continue,
+                    },
+                };
+                match meta {
+                    Some(meta) if !meta.is_dir() => {
+                        if merged.len() >= WALK_LIMIT {
+                            return true;
+                        }
+                        let info = FileInfo::new(path.clone(), kind_of(&meta), size_of(&meta))
+                            .modified(meta.modified().ok());
+                        merged.insert(path, info);
+                    }
+                    // A directory (perhaps one that replaced a file since the listing).
+                    _ => stack.push((
+                        Some((dir.clone(), name.to_owned())),
+                        dir_path.join(name),
+                        path,
+                    )),
+                }
+            }
+        }
+        false
     }
 
     async fn blocking<T, F>(&self, f: F) -> Result<T>
@@ -820,21 +1205,53 @@ impl LocalFs {
             .map_err(|e| Error::backend("local", "file operation", format!("worker failed: {e}")))?
     }
 
-    /// Resolve `raw` for a write: (display path, write target, whether it existed).
+    /// Resolve `raw` for a write: (display path, the key its edits are serialized by, whether
+    /// it existed).
     async fn prepare_write(&self, raw: &str) -> Result<(String, PathBuf, bool)> {
         let raw_owned = raw.to_owned();
         self.blocking(move |this| {
             let target = this.locate(&raw_owned)?;
-            let dst = this.write_target(&target, &raw_owned)?;
-            this.check_resolved(&dst, &raw_owned)?;
+            let key = this.write_key(&target, &raw_owned)?;
             let existed = match this.first_existing(&target, &raw_owned)? {
                 Some((_, meta)) if meta.is_dir() => return Err(is_dir(&raw_owned)),
                 Some(_) => true,
                 None => false,
             };
-            Ok((Self::display(&target), dst, existed))
+            Ok((Self::display(&target), key, existed))
         })
         .await
+    }
+
+    /// The host path a write to `target` lands at (as text: the lock key), without creating
+    /// anything.
+    fn write_key(&self, target: &Target, raw: &str) -> Result<PathBuf> {
+        match target {
+            Target::View(None) | Target::Direct { rel: None, .. } => Err(Error::invalid(
+                "path",
+                format!("`{raw}` is a root directory; give a file path"),
+            )),
+            Target::View(Some(rel)) => {
+                let inner = &self.inner;
+                let dir = match &self.user {
+                    Some(user) if is_user_level(rel) => inner.workspace.real.join(user),
+                    _ if inner.project_writable && !is_metadata(rel) => inner.project.real.clone(),
+                    _ => inner.workspace.real.clone(),
+                };
+                Ok(rel.to_host(&dir))
+            }
+            Target::Direct {
+                root,
+                rel: Some(rel),
+                writable,
+                ..
+            } => {
+                if !writable {
+                    return Err(read_only(raw));
+                }
+                let dir = self.root(*root).map_or(Path::new("/"), |r| &r.real);
+                Ok(rel.to_host(dir))
+            }
+        }
     }
 }
 
@@ -855,13 +1272,13 @@ impl Filesystem for LocalFs {
     }
 
     async fn write(&self, path: &str, data: Bytes) -> Result<WriteOutcome> {
-        let (display, dst, _) = self.prepare_write(path).await?;
-        let _lock = self.inner.locks.lock(&dst).await;
+        let (display, key, _) = self.prepare_write(path).await?;
+        let _lock = self.inner.locks.lock(&key).await;
         // Existence is decided under the lock, so two creators cannot both report `created`.
         let (_, _, existed) = self.prepare_write(path).await?;
         let raw = path.to_owned();
         let len = data.len() as u64;
-        self.blocking(move |this| this.write_blocking(&raw, &dst, &data))
+        self.blocking(move |this| this.write_blocking(&raw, &data))
             .await?;
         Ok(WriteOutcome {
             path: display,
@@ -871,15 +1288,17 @@ impl Filesystem for LocalFs {
     }
 
     async fn update(&self, path: &str, update: &mut UpdateFn<'_>) -> Result<WriteOutcome> {
-        let (display, dst, _) = self.prepare_write(path).await?;
-        let _lock = self.inner.locks.lock(&dst).await;
+        let (display, key, _) = self.prepare_write(path).await?;
+        let _lock = self.inner.locks.lock(&key).await;
         let raw = path.to_owned();
+        // Copy-up: the current bytes come from whichever layer has them (read through a
+        // handle beneath that layer), the new bytes go to the write layer.
         let current = self.blocking(move |this| this.read_blocking(&raw)).await?;
         let existed = current.is_some();
         let new = update(current)?;
         let len = new.len() as u64;
         let raw = path.to_owned();
-        self.blocking(move |this| this.write_blocking(&raw, &dst, &new))
+        self.blocking(move |this| this.write_blocking(&raw, &new))
             .await?;
         Ok(WriteOutcome {
             path: display,
@@ -964,59 +1383,15 @@ fn read_only(raw: &str) -> Error {
     )
 }
 
-/// Replace `abs` atomically: write a temporary file beside it, then rename it over. Keeps the
-/// permission bits of a file it replaces. A symlink at `abs` is replaced, never written through.
-fn write_atomic(abs: &Path, data: &[u8]) -> Result<()> {
-    let parent = abs
-        .parent()
-        .ok_or_else(|| Error::invalid("path", "no parent directory"))?;
-    fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    let name = abs
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| Error::invalid("path", "no file name"))?;
-    let tmp = parent.join(format!(".{name}{TMP_TAG}{}", uuid::Uuid::new_v4().simple()));
-    let mode = fs::symlink_metadata(abs)
-        .ok()
-        .filter(|m| m.is_file())
-        .map(|m| m.permissions().mode());
-    let result = (|| {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        file.write_all(data)?;
-        if let Some(mode) = mode {
-            file.set_permissions(fs::Permissions::from_mode(mode))?;
-        }
-        file.sync_data()?;
-        fs::rename(&tmp, abs)
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(Error::io(abs, e));
+fn conflict(to: &str) -> Error {
+    Error::Conflict {
+        key: to.to_owned(),
+        reason: "the destination already exists; delete it first or choose another name".into(),
     }
-    Ok(())
 }
 
-/// Copy a file or directory tree (symlinks copied as links).
-fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
-    let meta = fs::symlink_metadata(src).map_err(|e| Error::io(src, e))?;
-    if meta.file_type().is_symlink() {
-        let target = fs::read_link(src).map_err(|e| Error::io(src, e))?;
-        std::os::unix::fs::symlink(target, dst).map_err(|e| Error::io(dst, e))
-    } else if meta.is_dir() {
-        fs::create_dir_all(dst).map_err(|e| Error::io(dst, e))?;
-        for entry in fs::read_dir(src).map_err(|e| Error::io(src, e))? {
-            let entry = entry.map_err(|e| Error::io(src, e))?;
-            copy_tree(&entry.path(), &dst.join(entry.file_name()))?;
-        }
-        Ok(())
-    } else {
-        fs::copy(src, dst)
-            .map(|_| ())
-            .map_err(|e| Error::io(dst, e))
-    }
+fn into_itself(from: &str, to: &str) -> Error {
+    Error::invalid("path", format!("cannot move `{from}` into itself (`{to}`)"))
 }
 
 #[cfg(test)]

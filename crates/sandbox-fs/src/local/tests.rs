@@ -220,6 +220,88 @@ async fn symlinks_are_checked_on_the_resolved_path() {
 }
 
 #[tokio::test]
+async fn links_that_stay_inside_a_root_work_everywhere() {
+    let e = env();
+    // A venv's layout: relative links inside the workspace.
+    fs::create_dir_all(e.ws.join("venv/lib64/python")).unwrap();
+    fs::write(e.ws.join("venv/lib64/python/site.py"), "site").unwrap();
+    std::os::unix::fs::symlink("lib64", e.ws.join("venv/lib")).unwrap();
+    std::os::unix::fs::symlink("../venv/lib64/python/site.py", e.ws.join("venv/site")).unwrap();
+    let fs = open(&e, LocalOptions::default());
+    assert_eq!(
+        &fs.read("venv/lib/python/site.py").await.unwrap()[..],
+        b"site"
+    );
+    assert_eq!(&fs.read("venv/site").await.unwrap()[..], b"site");
+    let listed: Vec<String> = fs
+        .list("venv/lib")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.path)
+        .collect();
+    assert_eq!(listed, ["venv/lib/python"]);
+    let walked: Vec<String> = fs
+        .walk("venv/lib")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.path)
+        .collect();
+    assert_eq!(walked, ["venv/lib/python/site.py"]);
+    // Writing through the parent link lands inside; a link at the name is replaced.
+    fs.write("venv/lib/python/new.py", "new".into())
+        .await
+        .unwrap();
+    assert_eq!(
+        fs::read_to_string(e.ws.join("venv/lib64/python/new.py")).unwrap(),
+        "new"
+    );
+    fs.write("venv/site", "replaced".into()).await.unwrap();
+    assert!(
+        fs::symlink_metadata(e.ws.join("venv/site"))
+            .unwrap()
+            .is_file()
+    );
+    assert_eq!(
+        fs::read_to_string(e.ws.join("venv/lib64/python/site.py")).unwrap(),
+        "site"
+    );
+    // A relative link that climbs out of the workspace is refused, even into the project.
+    fs::write(e.project.join("p.txt"), "p").unwrap();
+    std::os::unix::fs::symlink("../project/p.txt", e.ws.join("climb")).unwrap();
+    escape(fs.read("climb").await);
+}
+
+#[tokio::test]
+async fn roots_are_held_open_so_a_swapped_root_path_leads_nowhere_else() {
+    let e = env();
+    let outside = e.extra.join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    let fs = LocalFs::new(LocalOptions::default().project(&e.project)).unwrap();
+    fs.write("a.txt", "before".into()).await.unwrap();
+    // The shell (cwd = project) moves the workspace's parent away and plants a link to
+    // outside in its place: operations keep using the directory opened at construction.
+    let moved = e.project.join("moved");
+    fs::rename(e.project.join(WORKSPACE_PARENT), &moved).unwrap();
+    std::os::unix::fs::symlink(&outside, e.project.join(WORKSPACE_PARENT)).unwrap();
+    fs.write("b.txt", "after".into()).await.unwrap();
+    assert_eq!(
+        fs::read_to_string(moved.join("workspace/b.txt")).unwrap(),
+        "after"
+    );
+    assert_eq!(&fs.read("a.txt").await.unwrap()[..], b"before");
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+    // A user's directory replaced by a link to outside is refused, not followed.
+    let ws = moved.join("workspace");
+    std::os::unix::fs::symlink(&outside, ws.join("mallory")).unwrap();
+    let mallory = fs.for_user("mallory");
+    escape(mallory.write("MEMORY.md", "m".into()).await);
+    escape(mallory.read("MEMORY.md").await);
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+}
+
+#[tokio::test]
 async fn users_get_their_own_files_and_skill_overrides() {
     let e = env();
     let fs = open(&e, LocalOptions::default());
