@@ -654,6 +654,9 @@ impl SandboxManager {
     }
 }
 
+/// Attempts at saving a state when the store reports a passing failure.
+const SAVE_ATTEMPTS: u32 = 3;
+
 fn lost(key: &IsolationKey, reason: &str) -> Error {
     Error::LeaseLost {
         key: key.to_string(),
@@ -923,18 +926,13 @@ impl CallInner {
             Ok(json) => report.state_json = Some(json),
             Err(e) => keep(e),
         }
-        // 2. persist, only after a successful stop: the stored state always points at a
-        //    complete snapshot (the previous one, if this stop failed).
-        if let (true, Some(_), Some(json), Some(key)) =
-            (should_persist, &report.stop, &report.state_json, &self.key)
-        {
-            let r = if self.lease_lost() {
-                Err(self.lost_error("before saving the state"))
-            } else {
-                let token = self.lease.as_ref().and_then(Lease::token);
-                self.manager.states.save(key, json, token).await
-            };
-            match r {
+        // 2. persist. The state's snapshot reference changes only with a successful stop, so
+        //    the stored state always points at a complete snapshot. After a failed stop it
+        //    still points at the previous one, but it is saved all the same: it binds the key
+        //    to this box, which holds the unsaved work, so the next call warm-starts from it
+        //    (and restores the previous snapshot should the box be lost).
+        if let (true, Some(json), Some(key)) = (should_persist, &report.state_json, &self.key) {
+            match self.save_state(key, json).await {
                 Ok(()) => {
                     report.persisted = true;
                     tracing::info!(key = %key, "state persisted");
@@ -993,6 +991,28 @@ impl CallInner {
             "call finished"
         );
         (report, first_error)
+    }
+
+    /// Save `json` under `key` with the lease's token; errors a retry may cure (a store that
+    /// blinked) are retried a few times — a fenced save is idempotent.
+    async fn save_state(&self, key: &IsolationKey, json: &str) -> Result<()> {
+        let token = self.lease.as_ref().and_then(Lease::token);
+        let mut pause = Duration::from_millis(100);
+        let mut attempt = 1;
+        loop {
+            if self.lease_lost() {
+                return Err(self.lost_error("before saving the state"));
+            }
+            match self.manager.states.save(key, json, token).await {
+                Err(e) if e.is_retryable() && attempt < SAVE_ATTEMPTS => {
+                    tracing::warn!(error = %e, attempt, "saving the state failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause *= 4;
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Delete the namespace's snapshots beyond the retention, never the one just saved.

@@ -800,9 +800,9 @@ pub async fn faults_two_processes_one_key(fx: &dyn Fixture, test: &str) {
     assert_eq!(n.trim(), (2 * ROUNDS).to_string(), "an increment was lost");
 }
 
-/// Holder A (an OS process) is stopped past its lease; B takes the key and saves; A resumes:
-/// its finish, a direct save with its old token, and a retention are all refused; B's state
-/// is intact.
+/// Holder A (an OS process) is stopped past its lease; B takes the key over; A resumes while
+/// B still works, before B saved anything: A's finish and a direct save with its old token
+/// are refused, A touches neither B's box nor the state, and B's save goes through.
 pub async fn faults_stale_holder_fencing(fx: &dyn Fixture, test: &str) {
     let ttl = Duration::from_millis(600);
     if let Ok(role) = std::env::var(ROLE) {
@@ -830,35 +830,45 @@ pub async fn faults_stale_holder_fencing(fx: &dyn Fixture, test: &str) {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("stop A");
     tokio::time::sleep(ttl * 3).await;
     let m = host_manager(fx, dir.path(), ttl).await;
+    // B takes the key over and works in the box, but has not saved yet when A comes back.
     let b = tokio::time::timeout(
         Duration::from_secs(60),
-        m.call(&shared_ctx(), |sb| async move {
-            sh(&sb, "echo B > who.txt").await;
-        }),
+        m.begin(&shared_ctx(), Acquire::Auto),
     )
     .await;
-    // Let A go whatever happened, so no stopped process is left behind.
-    std::fs::write(dir.path().join("go"), "").expect("go");
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("resume A");
+    if !matches!(b, Ok(Ok(_))) {
+        std::fs::write(dir.path().join("go"), "").expect("go");
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    }
     let b = b
         .expect("B waited too long for a stopped holder")
         .expect("B takes the key over once A's lease expired");
-    assert!(b.report.persisted);
-    let key = IsolationKey::resolve(IsolationScope::Session, &shared_ctx()).expect("key");
-    let states = FileStateStore::new(dir.path().join("states"));
-    let b_state = states.load(&key).await.expect("load");
+    sh(b.sandbox(), "echo B > who.txt").await;
+    std::fs::write(dir.path().join("go"), "").expect("go");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("resume A");
     let status = tokio::task::spawn_blocking(move || a.wait())
         .await
         .expect("join")
         .expect("wait");
     let verdict = std::fs::read_to_string(dir.path().join("verdict")).unwrap_or_default();
     assert!(status.success(), "A: {status} {verdict}");
+    // A resumed while B held the key: it wrote nothing, touched nothing...
     assert!(verdict.contains("REFUSED finish"), "{verdict}");
     assert!(verdict.contains("REFUSED save"), "{verdict}");
     assert_eq!(
-        states.load(&key).await.expect("load"),
-        b_state,
-        "B's state is intact"
+        sh(b.sandbox(), "cat who.txt").await,
+        "B\n",
+        "A left B's box alone (I2)"
+    );
+    // ...and B's save goes through.
+    let report = b.finish().await.expect("B finishes");
+    assert!(report.persisted);
+    let key = IsolationKey::resolve(IsolationScope::Session, &shared_ctx()).expect("key");
+    let states = FileStateStore::new(dir.path().join("states"));
+    assert_eq!(
+        states.load(&key).await.expect("load").as_deref(),
+        report.state_json.as_deref(),
+        "B's state is the stored one"
     );
     let who = m
         .call(
