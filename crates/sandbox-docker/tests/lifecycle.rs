@@ -10,7 +10,8 @@ use common::{BUSYBOX, DEBIAN, Sweep, options};
 use sandbox_core::testkit::{Env, sh};
 use sandbox_core::{
     BoxGcOptions, CallContext, Error, ExecRequest, IsolationKey, IsolationScope, Persistence,
-    Sandbox, SandboxConfig, SandboxManager, SnapshotSpec, WorkspaceSpec, state_from_json,
+    Sandbox, SandboxConfig, SandboxManager, SnapshotSpec, StateStore, WorkspaceSpec,
+    state_from_json,
 };
 use sandbox_docker::{DockerClient, DockerOptions, ExtraMount};
 
@@ -164,7 +165,10 @@ async fn host_data_behind_mounts_survives_replace_restore_destroy_and_gc() {
     let ctx = CallContext::new("docker-canary").session("s");
     let key = IsolationKey::resolve(IsolationScope::Session, &ctx).expect("key");
     m.call(&ctx, |sb| async move {
-        assert_eq!(sh(&sb, "cat data/keep.txt /mnt/beside/keep.txt").await, "host data\nhost data\n");
+        assert_eq!(
+            sh(&sb, "cat data/keep.txt /mnt/beside/keep.txt").await,
+            "host data\nhost data\n"
+        );
         sh(&sb, "echo mine > b.txt").await;
     })
     .await
@@ -174,7 +178,9 @@ async fn host_data_behind_mounts_survives_replace_restore_destroy_and_gc() {
     // Restore (a Replace import) into a new container: twice, once after losing the box.
     for round in 0..2 {
         let r = m
-            .call(&ctx, |sb| async move { sh(&sb, "cat b.txt data/keep.txt").await })
+            .call(&ctx, |sb| async move {
+                sh(&sb, "cat b.txt data/keep.txt").await
+            })
             .await
             .expect("restore");
         assert_eq!(r.value, "mine\nhost data\n", "round {round}");
@@ -183,7 +189,13 @@ async fn host_data_behind_mounts_survives_replace_restore_destroy_and_gc() {
     }
     // A failed restore (a tampered snapshot) empties nothing of the host's.
     let stored = env.states.load(&key).await.expect("load").expect("state");
-    assert!(state_from_json(&stored).expect("state").common().snapshot.is_some());
+    assert!(
+        state_from_json(&stored)
+            .expect("state")
+            .common()
+            .snapshot
+            .is_some()
+    );
     for blob in sandbox_core::snapshot::SnapshotStoreExt::list_all(&*env.snapshots, "snapshots/")
         .await
         .expect("list")
@@ -199,7 +211,11 @@ async fn host_data_behind_mounts_survives_replace_restore_destroy_and_gc() {
         }
     }
     let err = m.call(&ctx, |_| async {}).await.expect_err("tampered");
-    assert!(matches!(err.error, Error::RestoreIncomplete { .. }), "{}", err.error);
+    assert!(
+        matches!(err.error, Error::RestoreIncomplete { .. }),
+        "{}",
+        err.error
+    );
     canary_intact(&inside, "after a failed restore");
     canary_intact(&beside, "after a failed restore");
     // Destroy and gc.
