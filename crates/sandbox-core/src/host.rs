@@ -47,7 +47,7 @@ use crate::{Captured, CapturedOutput, Error, ExecResult, OutputLimits, Result, r
 mod tree;
 
 use tree::{CommandCgroup, JOIN_FAILED_STATUS, Tracking, WRAPPER_SHELL};
-pub use tree::{TreeKill, tree_kill};
+pub use tree::{TREE_KILL_VAR, TreeKill, tree_kill};
 
 /// `PATH` of a minimal environment ([`minimal_env`]).
 pub const MINIMAL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -271,48 +271,20 @@ async fn spawn_and_collect(
         timeout,
         limits,
     } = command;
+    let wrapper = cgroup.as_ref().filter(|cg| cg.by_wrapper());
+    let join_failed_check = wrapper.map(CommandCgroup::join_failed_line);
     let cannot_start = |e: io::Error| Error::Backend {
         backend,
         operation: "exec",
         message: format!("cannot start `{}`: {e}", argv[0]),
         source: Some(Box::new(e)),
     };
-    let mut cmd = match cgroup.as_ref().filter(|cg| cg.by_wrapper()) {
-        Some(cgroup) => {
-            // The wrapper would report a missing program as the shell's exit status 127:
-            // look first, so that it stays an error naming the program.
-            check_program(&argv[0], &cwd, program_path(&env, inherit_env).as_deref())
-                .map_err(cannot_start)?;
-            let mut cmd = tokio::process::Command::new(WRAPPER_SHELL);
-            cmd.args(cgroup.wrapper_args(&argv));
-            cmd
-        }
-        None => {
-            let mut cmd = tokio::process::Command::new(&argv[0]);
-            cmd.args(&argv[1..]);
-            cmd
-        }
-    };
-    cmd.current_dir(&cwd)
-        // Its own process group, so that a timeout can kill everything the command started.
-        .process_group(0)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    if !inherit_env {
-        cmd.env_clear();
-    }
-    cmd.envs(&env);
-    if cgroup.as_ref().is_some_and(|cg| cg.by_wrapper()) {
-        // For the wrapper to restore what the shell changes (after env_clear, which drops
-        // everything set before it).
-        cmd.envs(tree::saved_shell_variables(&env, inherit_env));
-    }
+    let mut cmd = process(&argv, &cwd, &env, inherit_env, wrapper).map_err(cannot_start)?;
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
 
     let started = Instant::now();
     let mut child = cmd.spawn().map_err(cannot_start)?;
@@ -321,26 +293,17 @@ async fn spawn_and_collect(
     if let Some(pgid) = pgid {
         tracing::Span::current().record("pgid", pgid.as_raw());
     }
-    let join_failed_check = cgroup
-        .as_ref()
-        .filter(|cg| cg.by_wrapper())
-        .map(|cg| cg.join_failed_line());
     let mut reaper = Reaper { pgid, cgroup };
-    if let (Some(cgroup), Some(pid)) = (&reaper.cgroup, child.id())
-        && !cgroup.by_wrapper()
-    {
-        // At once: until then a fork would escape. Not reaped yet, the pid is still its own.
-        if let Err(e) = cgroup.join(pid) {
-            reaper.finish().await;
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            return Err(Error::Backend {
-                backend,
-                operation: "exec",
-                message: format!("cannot move `{}` into its cgroup: {e}", argv[0]),
-                source: Some(Box::new(e)),
-            });
-        }
+    if let Err(e) = reaper.join_from_outside(child.id()) {
+        reaper.finish().await;
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        return Err(Error::Backend {
+            backend,
+            operation: "exec",
+            message: format!("cannot move `{}` into its cgroup: {e}", argv[0]),
+            source: Some(Box::new(e)),
+        });
     }
 
     let stdin_task = match (stdin, child.stdin.take()) {
@@ -427,6 +390,50 @@ async fn spawn_and_collect(
         ));
     }
     Ok(ExecResult::new(exit_code, output, timed_out, duration))
+}
+
+/// The process to spawn for `argv` (stdin still to be set): in its own process group, with
+/// exactly `env` (over this process's environment when `inherit_env`), stdout and stderr
+/// piped, killed if dropped; through `wrapper`, the shell that moves it into its cgroup, if
+/// given.
+fn process(
+    argv: &[String],
+    cwd: &Path,
+    env: &BTreeMap<OsString, OsString>,
+    inherit_env: bool,
+    wrapper: Option<&CommandCgroup>,
+) -> io::Result<tokio::process::Command> {
+    let mut cmd = match wrapper {
+        Some(cgroup) => {
+            // The wrapper would report a missing program as the shell's exit status 127:
+            // look first, so that it stays an error naming the program.
+            check_program(&argv[0], cwd, program_path(env, inherit_env).as_deref())?;
+            let mut cmd = tokio::process::Command::new(WRAPPER_SHELL);
+            cmd.args(cgroup.wrapper_args(argv));
+            cmd
+        }
+        None => {
+            let mut cmd = tokio::process::Command::new(&argv[0]);
+            cmd.args(&argv[1..]);
+            cmd
+        }
+    };
+    cmd.current_dir(cwd)
+        // Its own process group, so that a timeout can kill everything the command started.
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if !inherit_env {
+        cmd.env_clear();
+    }
+    cmd.envs(env);
+    if wrapper.is_some() {
+        // For the wrapper to restore what the shell changes (after env_clear, which drops
+        // everything set before it).
+        cmd.envs(tree::saved_shell_variables(env, inherit_env));
+    }
+    Ok(cmd)
 }
 
 /// The `PATH` the command will see: its own, or this process's when it inherits and sets none.
@@ -526,6 +533,15 @@ impl Reaper {
         }
         if let Some(cgroup) = &mut self.cgroup {
             cgroup.kill();
+        }
+    }
+
+    /// Move the just started leader `pid` into the cgroup when the wrapper did not: at once,
+    /// since until then a fork would escape. (Not reaped yet, the pid is still its own.)
+    fn join_from_outside(&self, pid: Option<u32>) -> io::Result<()> {
+        match (&self.cgroup, pid) {
+            (Some(cgroup), Some(pid)) if !cgroup.by_wrapper() => cgroup.join(pid),
+            _ => Ok(()),
         }
     }
 

@@ -39,6 +39,14 @@ use rustix::process::{Pid, PidfdFlags, Signal, kill_process, pidfd_open, pidfd_s
 
 /// How [`run`](super::run) makes sure that everything a command started dies with it (when it
 /// exits, times out, or the call is dropped). Chosen once per process: [`tree_kill`].
+///
+/// In the cgroup modes the command joins its cgroup before it runs (through `/bin/sh`, which
+/// then `exec`s it), so nothing it starts can leave: not `setsid`, `setpgid`, double forks or
+/// daemons. Two limits: a command whose environment `/bin/sh` cannot pass on exactly (a
+/// variable name that is not a shell identifier, no `PATH`, or a `/bin/sh` that failed the
+/// probe, such as bash) is moved in from outside right after it starts, so a process it forks
+/// in that first instant escapes; and a command privileged enough to write to `cgroup.procs`
+/// elsewhere can move itself out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum TreeKill {
@@ -77,10 +85,21 @@ impl TreeKill {
 }
 
 /// How this process kills everything a command run by [`run`](super::run) started. Detected
-/// on first use (a few file reads and one short probe command), then fixed for the process.
+/// on first use (a few file reads and one short probe command), then fixed for the process;
+/// [`TREE_KILL_VAR`] pins it.
 pub fn tree_kill() -> TreeKill {
     Tracking::global().mode()
 }
+
+/// The environment variable that pins the mode: `process-group` (no cgroups), or one of the
+/// cgroup modes ([`TreeKill::as_str`]), used only if it works here.
+pub const TREE_KILL_VAR: &str = "SANDBOX_HARNESS_TREE_KILL";
+
+const MODES: [TreeKill; 3] = [
+    TreeKill::Cgroup2,
+    TreeKill::CgroupFreezer,
+    TreeKill::CgroupSweep,
+];
 
 /// The shell that moves a command into its cgroup. An absolute path: the command's `PATH` is
 /// not trusted to find it.
@@ -236,7 +255,27 @@ impl Tracking {
 
     /// The first candidate that passes its probe, best first.
     fn detect() -> Tracking {
-        for site in candidates() {
+        let pinned = std::env::var(TREE_KILL_VAR).ok().filter(|v| !v.is_empty());
+        let pinned = match pinned.as_deref() {
+            None => None,
+            Some("process-group") => {
+                tracing::info!(
+                    "{TREE_KILL_VAR}=process-group: commands are not tracked in cgroups"
+                );
+                return Tracking::process_group();
+            }
+            Some(name) => match MODES.iter().find(|m| m.as_str() == name) {
+                Some(mode) => Some(*mode),
+                None => {
+                    tracing::warn!("{TREE_KILL_VAR}={name:?} is not a mode; ignored");
+                    None
+                }
+            },
+        };
+        let sites = candidates()
+            .into_iter()
+            .filter(|s| pinned.is_none_or(|mode| s.method.mode() == mode));
+        for site in sites {
             match probe(&site) {
                 Ok(wrapper_exact) => {
                     tracing::debug!(
