@@ -61,7 +61,7 @@ pub const MINIMAL_LANG: &str = "C.UTF-8";
 /// waited for.
 const READER_GRACE: Duration = Duration::from_secs(1);
 
-/// A command to run on the host in its own process group.
+/// A command to run on the host in its own process group (and cgroup, see [`tree_kill`]).
 ///
 /// | field | default |
 /// | --- | --- |
@@ -79,13 +79,14 @@ pub struct HostCommand {
     /// Working directory. Used as given: the caller decides whether it is acceptable.
     pub cwd: PathBuf,
     /// The command's complete environment: nothing of this process's is passed on unless
-    /// [`inherit_env`](Self::inherit_env) is set.
+    /// [`inherit_env`](Self::inherit_env) is set. The set of variables is exact; their order
+    /// is not promised.
     pub env: BTreeMap<OsString, OsString>,
     /// Start from this process's whole environment and lay `env` over it.
     pub inherit_env: bool,
     /// Bytes fed to stdin, which is then closed. `None` gives an empty stdin.
     pub stdin: Option<Bytes>,
-    /// Kill the whole process group after this long.
+    /// Kill everything the command started after this long.
     pub timeout: Duration,
     /// Output caps.
     pub limits: OutputLimits,
@@ -224,7 +225,7 @@ where
 /// read. An empty argv or an environment the OS cannot carry ([`check_env`]) is
 /// [`Error::InvalidInput`].
 pub async fn run(command: HostCommand, backend: &'static str) -> Result<ExecResult> {
-    run_tracked(command, backend, Tracking::global()).await
+    run_tracked(command, backend, Tracking::global_async().await).await
 }
 
 /// [`run`] with the given tracking (tests run every tracking the machine offers).

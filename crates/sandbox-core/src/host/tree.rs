@@ -128,14 +128,15 @@ const WRAPPER: &str = concat!(
     join_failed!(),
     r#" $0" >&2; exit 125; }
 unset PWD
-for sandbox_harness_v in $SANDBOX_HARNESS_SAVED; do
-  eval "$sandbox_harness_v=\$SANDBOX_HARNESS_SAVED_$sandbox_harness_v; export $sandbox_harness_v; unset SANDBOX_HARNESS_SAVED_$sandbox_harness_v"
+for SANDBOX_HARNESS_SAVED_NAME in $SANDBOX_HARNESS_SAVED; do
+  eval "$SANDBOX_HARNESS_SAVED_NAME=\$SANDBOX_HARNESS_SAVED_$SANDBOX_HARNESS_SAVED_NAME; export $SANDBOX_HARNESS_SAVED_NAME; unset SANDBOX_HARNESS_SAVED_$SANDBOX_HARNESS_SAVED_NAME"
 done
-unset SANDBOX_HARNESS_SAVED sandbox_harness_v
+unset SANDBOX_HARNESS_SAVED SANDBOX_HARNESS_SAVED_NAME
 exec "$@""#
 );
 
-/// The wrapper's list of saved variables; each copy is this, `_` and the name.
+/// The wrapper's list of saved variables; each copy is this, `_` and the name. Every name the
+/// wrapper uses starts with it, and commands with such a name are not wrapped.
 const SAVED: &str = "SANDBOX_HARNESS_SAVED";
 
 /// Names a POSIX shell sets, resets or drops on its own (dash, bash, busybox ash): the
@@ -215,6 +216,8 @@ impl Method {
     }
 }
 
+static GLOBAL: OnceLock<Tracking> = OnceLock::new();
+
 /// Where and how commands are tracked: a method and the parent directory of the per-command
 /// cgroups, or nothing (process group only).
 #[derive(Clone, Debug)]
@@ -235,8 +238,18 @@ struct Site {
 impl Tracking {
     /// The tracking of this process, detected on first use.
     pub(crate) fn global() -> &'static Tracking {
-        static GLOBAL: OnceLock<Tracking> = OnceLock::new();
         GLOBAL.get_or_init(Tracking::detect)
+    }
+
+    /// [`global`](Self::global), detected off the async workers on first use (the probe
+    /// runs a process and waits for it).
+    pub(crate) async fn global_async() -> &'static Tracking {
+        if let Some(tracking) = GLOBAL.get() {
+            return tracking;
+        }
+        tokio::task::spawn_blocking(Tracking::global)
+            .await
+            .unwrap_or_else(|_| Tracking::global())
     }
 
     /// The process group only.
@@ -304,8 +317,9 @@ impl Tracking {
             }
         }
         tracing::warn!(
-            "no writable cgroup: commands are killed by process group only, and processes that \
-             leave it (setsid, setpgid, daemons) survive them"
+            "no usable cgroup (none writable, or no /bin/sh to join one): commands are killed by \
+             process group only, and processes that leave it (setsid, setpgid, daemons) \
+             survive them"
         );
         Tracking::process_group()
     }
