@@ -178,7 +178,7 @@ const LINGER: Duration = Duration::from_secs(60);
 const MAX_PAUSE: Duration = Duration::from_millis(50);
 
 /// How the members of a command's cgroup are killed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Method {
     /// `cgroup.kill` (cgroup2).
     Kill,
@@ -188,7 +188,7 @@ enum Method {
     Sweep,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Freezer {
     /// cgroup2's `cgroup.freeze` / `cgroup.events`.
     V2,
@@ -223,8 +223,8 @@ static GLOBAL: OnceLock<Tracking> = OnceLock::new();
 #[derive(Clone, Debug)]
 pub(crate) struct Tracking {
     site: Option<Site>,
-    /// Whether `/bin/sh` passes a plain environment (identifier names, no shell variables)
-    /// on exactly, so that the wrapper may be used.
+    /// Whether `/bin/sh` passes an environment of identifier names on exactly (its own
+    /// variables restored from the saved copies), so that the wrapper may be used.
     wrapper_exact: bool,
 }
 
@@ -455,10 +455,11 @@ fn candidates() -> Vec<Site> {
 }
 
 /// The sites of `found`, best first: `cgroup.kill`, a freezer (v2, then v1), sweeps (v2, v1
-/// `pids`, named v1). Only hierarchies whose controllers cannot change how the command runs
-/// are used: cgroup2 (nothing is enabled in our subtree), and v1 hierarchies of `freezer`,
-/// `pids` or no controller (named). A new v1 `cpu` or `memory` cgroup would change scheduling
-/// or accounting; a `cpuset` one starts empty and admits nobody.
+/// `pids`, named v1). Only hierarchies whose controllers do not change how the command runs
+/// are used: cgroup2 (we enable no controller below us, so the leaves may hold processes and
+/// the limits above apply as they did), and v1 hierarchies of `freezer`, `pids` or no
+/// controller (named). A new v1 `cpu` or `memory` cgroup would change scheduling or
+/// accounting; a `cpuset` one starts empty and admits nobody.
 fn rank(found: Vec<Hierarchy>, parent_name: &str) -> Vec<Site> {
     let mut ranked: Vec<(u8, Site)> = Vec::new();
     for h in found {
