@@ -15,7 +15,7 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("help") | None => {
             println!(
-                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker ones included), the quickstart\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [W]  snapshot engine vs GNU tar (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json"
+                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker ones included), the quickstart\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [W]  snapshot engine vs GNU tar (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json"
             );
             Ok(())
         }
@@ -109,8 +109,16 @@ fn bench(args: &[String]) -> Result<(), String> {
             )
         }
         Some("docker") => bench_docker(),
+        Some("host") => {
+            let out = workspace_root().join("target/bench");
+            run_env(
+                "cargo",
+                &["bench", "--package", "sandbox-core", "--bench", "host"],
+                &[("SANDBOX_BENCH_OUT", out.to_str().expect("UTF-8 path"))],
+            )
+        }
         other => Err(format!(
-            "unknown benchmark {other:?} (have: snapshot, docker)"
+            "unknown benchmark {other:?} (have: snapshot, docker, host)"
         )),
     }
 }

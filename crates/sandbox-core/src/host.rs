@@ -1,6 +1,7 @@
-//! Running one command on the host: a new process group, an environment built from nothing,
-//! output read concurrently with the wait, and SIGKILL to the whole group when the command
-//! ends, times out or the call is dropped.
+//! Running one command on the host: a new process group (and its own cgroup where this process
+//! can create one, see [`tree_kill`]), an environment built from nothing, output read
+//! concurrently with the wait, and SIGKILL to everything the command started when it ends,
+//! times out or the call is dropped.
 //!
 //! Backends and modes that run host processes (sandbox-local's boxes, sandbox-fs's local
 //! shell) decide the argv, the working directory and the environment, then hand a
@@ -43,18 +44,24 @@ use tracing::Instrument as _;
 
 use crate::{Captured, CapturedOutput, Error, ExecResult, OutputLimits, Result, read_capped};
 
+mod tree;
+
+use tree::{CommandCgroup, JOIN_FAILED_STATUS, Tracking, WRAPPER_SHELL};
+pub use tree::{TREE_KILL_VAR, TreeKill, tree_kill};
+
 /// `PATH` of a minimal environment ([`minimal_env`]).
 pub const MINIMAL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// `LANG` of a minimal environment ([`minimal_env`]).
 pub const MINIMAL_LANG: &str = "C.UTF-8";
 
-/// How long output pipes may stay open after the command's process group is gone. Only a
-/// process that left the group (`setsid`, `setpgid`) can hold them that long; its later output
-/// is not waited for.
+/// How long output pipes may stay open after everything the command started was killed. Only
+/// a process that escaped the kill can hold them that long (one that left the process group
+/// when there is no cgroup to track it: [`TreeKill::ProcessGroup`]); its later output is not
+/// waited for.
 const READER_GRACE: Duration = Duration::from_secs(1);
 
-/// A command to run on the host in its own process group.
+/// A command to run on the host in its own process group (and cgroup, see [`tree_kill`]).
 ///
 /// | field | default |
 /// | --- | --- |
@@ -72,13 +79,14 @@ pub struct HostCommand {
     /// Working directory. Used as given: the caller decides whether it is acceptable.
     pub cwd: PathBuf,
     /// The command's complete environment: nothing of this process's is passed on unless
-    /// [`inherit_env`](Self::inherit_env) is set.
+    /// [`inherit_env`](Self::inherit_env) is set. The set of variables is exact; their order
+    /// is not promised.
     pub env: BTreeMap<OsString, OsString>,
     /// Start from this process's whole environment and lay `env` over it.
     pub inherit_env: bool,
     /// Bytes fed to stdin, which is then closed. `None` gives an empty stdin.
     pub stdin: Option<Bytes>,
-    /// Kill the whole process group after this long.
+    /// Kill everything the command started after this long.
     pub timeout: Duration,
     /// Output caps.
     pub limits: OutputLimits,
@@ -201,27 +209,60 @@ where
 
 /// Run `command` and collect its result.
 ///
-/// The command gets a new process group. Stdout and stderr are read concurrently with the wait,
-/// each up to its cap (the rest is drained and dropped). When the command exits, or its
+/// The command gets a new process group and, where this process can create cgroups, its own
+/// cgroup, joined before the command runs (by `/bin/sh`, which then `exec`s it: same pid,
+/// group, descriptors and environment). Stdout and stderr are read concurrently with the
+/// wait, each up to its cap (the rest is drained and dropped). When the command exits, or its
 /// timeout fires (`timed_out`, no exit code, the output so far), or the returned future is
-/// dropped, the whole group is killed with SIGKILL, so background jobs and grandchildren never
-/// outlive the call. A process that left the group (`setsid`) and keeps the output pipes open
-/// delays the result by at most one second; its later output is dropped.
+/// dropped, everything it started is killed with SIGKILL: the process group, and every member
+/// of the cgroup (so `setsid`, `setpgid` and daemons too). [`tree_kill`] says which of the two
+/// this process has. Without a cgroup, a process that left the group survives, and if it
+/// keeps the output pipes open it delays the result by at most one second; its later output
+/// is dropped.
 ///
 /// `backend` names the caller in [`Error::Backend`] (operation `exec`): a program that cannot
-/// be started, a failed wait or a failed read. An empty argv or an environment the OS cannot
-/// carry ([`check_env`]) is [`Error::InvalidInput`].
+/// be started, a command that could not be moved into its cgroup, a failed wait or a failed
+/// read. An empty argv or an environment the OS cannot carry ([`check_env`]) is
+/// [`Error::InvalidInput`].
 pub async fn run(command: HostCommand, backend: &'static str) -> Result<ExecResult> {
+    run_tracked(command, backend, Tracking::global_async().await).await
+}
+
+/// [`run`] with the given tracking (tests run every tracking the machine offers).
+async fn run_tracked(
+    command: HostCommand,
+    backend: &'static str,
+    tracking: &Tracking,
+) -> Result<ExecResult> {
     if command.argv.is_empty() {
         return Err(Error::invalid("command", "the argument vector is empty"));
     }
     check_env(&command.env)?;
+    let cgroup = tracking
+        .start(&command.argv[0], &command.env, command.inherit_env)
+        .map_err(|e| Error::Backend {
+            backend,
+            operation: "exec",
+            message: format!("cannot create the command's cgroup: {e}"),
+            source: Some(Box::new(e)),
+        })?;
     // Env values and arguments may be secrets: callers log the program and where it runs.
-    let span = tracing::info_span!("host_run", backend, pgid = tracing::field::Empty);
-    spawn_and_collect(command, backend).instrument(span).await
+    let span = tracing::info_span!(
+        "host_run",
+        backend,
+        tree_kill = tracking.mode().as_str(),
+        pgid = tracing::field::Empty
+    );
+    spawn_and_collect(command, backend, cgroup)
+        .instrument(span)
+        .await
 }
 
-async fn spawn_and_collect(command: HostCommand, backend: &'static str) -> Result<ExecResult> {
+async fn spawn_and_collect(
+    command: HostCommand,
+    backend: &'static str,
+    cgroup: Option<CommandCgroup>,
+) -> Result<ExecResult> {
     let HostCommand {
         argv,
         cwd,
@@ -231,37 +272,40 @@ async fn spawn_and_collect(command: HostCommand, backend: &'static str) -> Resul
         timeout,
         limits,
     } = command;
-    let mut cmd = tokio::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .current_dir(&cwd)
-        // Its own process group, so that a timeout can kill everything the command started.
-        .process_group(0)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    if !inherit_env {
-        cmd.env_clear();
-    }
-    cmd.envs(&env);
-
-    let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| Error::Backend {
+    let wrapper = cgroup.as_ref().filter(|cg| cg.by_wrapper());
+    let join_failed_check = wrapper.map(CommandCgroup::join_failed_line);
+    let cannot_start = |e: io::Error| Error::Backend {
         backend,
         operation: "exec",
         message: format!("cannot start `{}`: {e}", argv[0]),
         source: Some(Box::new(e)),
-    })?;
+    };
+    let mut cmd = process(&argv, &cwd, &env, inherit_env, wrapper).map_err(cannot_start)?;
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(cannot_start)?;
     // The group id is the leader's pid (process_group(0)).
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
     if let Some(pgid) = pgid {
         tracing::Span::current().record("pgid", pgid.as_raw());
     }
-    let mut group = GroupKiller(pgid);
+    let mut reaper = Reaper { pgid, cgroup };
+    if let Err(e) = reaper.join_from_outside(child.id()) {
+        reaper.finish().await;
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        return Err(Error::Backend {
+            backend,
+            operation: "exec",
+            message: format!("cannot move `{}` into its cgroup: {e}", argv[0]),
+            source: Some(Box::new(e)),
+        });
+    }
 
     let stdin_task = match (stdin, child.stdin.take()) {
         (Some(data), Some(mut pipe)) => Some(tokio::spawn(async move {
@@ -276,13 +320,13 @@ async fn spawn_and_collect(command: HostCommand, backend: &'static str) -> Resul
 
     let (exit_code, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
         Ok(Ok(status)) => {
-            // Background jobs (`cmd &` without setsid) are still in the group: they die with
+            // Background jobs and daemons are still in the group or the cgroup: they die with
             // the command, so none keeps writing after the call returns.
-            group.kill();
+            reaper.finish().await;
             (status.code(), false)
         }
         Ok(Err(e)) => {
-            group.kill();
+            reaper.finish().await;
             return Err(Error::Backend {
                 backend,
                 operation: "exec",
@@ -291,17 +335,20 @@ async fn spawn_and_collect(command: HostCommand, backend: &'static str) -> Resul
             });
         }
         Err(_) => {
-            group.kill();
+            reaper.kill();
             // The leader too, in case it moved itself to another group.
             let _ = child.start_kill();
+            // Before waiting for it: in a frozen cgroup the leader dies only once thawed.
+            reaper.finish().await;
             let _ = child.wait().await;
-            tracing::info!("timed out: process group killed");
+            tracing::info!("timed out: everything the command started was killed");
             (None, true)
         }
     };
 
-    // Normally the pipes close as soon as the group is dead. A process that escaped the group
-    // can hold them open for ever: after a grace period, stop reading and return what came.
+    // Normally the pipes close as soon as everything is dead. A process that escaped (it left
+    // the group and there is no cgroup) can hold them open for ever: after a grace period,
+    // stop reading and return what came.
     let readers = async { (out_task.await, err_task.await) };
     tokio::pin!(readers);
     let (out, err) = match tokio::time::timeout(READER_GRACE, &mut readers).await {
@@ -324,7 +371,107 @@ async fn spawn_and_collect(command: HostCommand, backend: &'static str) -> Resul
         stdout: reader_result(out, backend)?,
         stderr: reader_result(err, backend)?,
     };
+    if let Some(line) = join_failed_check
+        && exit_code == Some(JOIN_FAILED_STATUS)
+        && output
+            .stderr
+            .bytes
+            .split(|b| *b == b'\n')
+            .any(|l| l == line)
+    {
+        // Never a silently untracked command: it did not run at all.
+        return Err(Error::backend(
+            backend,
+            "exec",
+            format!(
+                "`{}` did not run: {}",
+                argv[0],
+                String::from_utf8_lossy(&output.stderr.bytes).trim_end()
+            ),
+        ));
+    }
     Ok(ExecResult::new(exit_code, output, timed_out, duration))
+}
+
+/// The process to spawn for `argv` (stdin still to be set): in its own process group, with
+/// exactly `env` (over this process's environment when `inherit_env`), stdout and stderr
+/// piped, killed if dropped; through `wrapper`, the shell that moves it into its cgroup, if
+/// given.
+fn process(
+    argv: &[String],
+    cwd: &Path,
+    env: &BTreeMap<OsString, OsString>,
+    inherit_env: bool,
+    wrapper: Option<&CommandCgroup>,
+) -> io::Result<tokio::process::Command> {
+    let mut cmd = match wrapper {
+        Some(cgroup) => {
+            // The wrapper would report a missing program as the shell's exit status 127:
+            // look first, so that it stays an error naming the program.
+            check_program(&argv[0], cwd, program_path(env, inherit_env).as_deref())?;
+            let mut cmd = tokio::process::Command::new(WRAPPER_SHELL);
+            cmd.args(cgroup.wrapper_args(argv));
+            cmd
+        }
+        None => {
+            let mut cmd = tokio::process::Command::new(&argv[0]);
+            cmd.args(&argv[1..]);
+            cmd
+        }
+    };
+    cmd.current_dir(cwd)
+        // Its own process group, so that a timeout can kill everything the command started.
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if !inherit_env {
+        cmd.env_clear();
+    }
+    cmd.envs(env);
+    if wrapper.is_some() {
+        // For the wrapper to restore what the shell changes (after env_clear, which drops
+        // everything set before it).
+        cmd.envs(tree::saved_shell_variables(env, inherit_env));
+    }
+    Ok(cmd)
+}
+
+/// The `PATH` the command will see: its own, or this process's when it inherits and sets none.
+fn program_path(env: &BTreeMap<OsString, OsString>, inherit_env: bool) -> Option<OsString> {
+    match env.get(OsStr::new("PATH")) {
+        Some(path) => Some(path.clone()),
+        None if inherit_env => std::env::var_os("PATH"),
+        None => None,
+    }
+}
+
+/// Whether `program` can be executed as `execvp` would find it: relative to `cwd` when it has a
+/// `/`, else in `path` (an empty entry is `cwd`). Without a `PATH` the shell's default search
+/// decides, so nothing is checked.
+fn check_program(program: &str, cwd: &Path, path: Option<&OsStr>) -> io::Result<()> {
+    let executable = |candidate: &Path| {
+        candidate.is_file() && rustix::fs::access(candidate, rustix::fs::Access::EXEC_OK).is_ok()
+    };
+    if program.contains('/') {
+        let candidate = cwd.join(program);
+        if executable(&candidate) {
+            return Ok(());
+        }
+        return Err(match candidate.exists() {
+            true => io::Error::from_raw_os_error(Errno::EACCES as i32),
+            false => io::Error::from_raw_os_error(Errno::ENOENT as i32),
+        });
+    }
+    let Some(path) = path else { return Ok(()) };
+    let found = path
+        .as_bytes()
+        .split(|b| *b == b':')
+        .any(|dir| executable(&cwd.join(OsStr::from_bytes(dir)).join(program)));
+    match found {
+        true => Ok(()),
+        false => Err(io::Error::from_raw_os_error(Errno::ENOENT as i32)),
+    }
 }
 
 type ReaderTask = tokio::task::JoinHandle<io::Result<Captured>>;
@@ -363,28 +510,54 @@ fn reader_result(
     }
 }
 
-/// Kills a process group with SIGKILL once, at the latest when dropped (a cancelled call must
-/// not leave its processes running).
-struct GroupKiller(Option<Pid>);
+/// Kills everything a command started: its process group (SIGKILL, once) and its cgroup, at
+/// the latest when dropped (a cancelled call must not leave its processes running). From
+/// `Drop` the kill itself is synchronous; waiting for the cgroup to empty and removing it is
+/// left to a background thread.
+struct Reaper {
+    pgid: Option<Pid>,
+    cgroup: Option<CommandCgroup>,
+}
 
-impl GroupKiller {
+impl Reaper {
+    /// Kill now: quick, synchronous.
     fn kill(&mut self) {
         // Once only: after the group is gone its id may eventually name another group. Right
         // after the leader is reaped it cannot, unless pids wrap around in between.
-        let Some(pgid) = self.0.take() else {
-            return;
-        };
-        match killpg(pgid, Signal::SIGKILL) {
-            Ok(()) | Err(Errno::ESRCH) => {}
-            Err(e) => {
-                tracing::warn!(pgid = pgid.as_raw(), error = %e, "cannot kill the process group")
+        if let Some(pgid) = self.pgid.take() {
+            match killpg(pgid, Signal::SIGKILL) {
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(e) => {
+                    tracing::warn!(pgid = pgid.as_raw(), error = %e, "cannot kill the process group")
+                }
             }
+        }
+        if let Some(cgroup) = &mut self.cgroup {
+            cgroup.kill();
+        }
+    }
+
+    /// Move the just started leader `pid` into the cgroup when the wrapper did not: at once,
+    /// since until then a fork would escape. (Not reaped yet, the pid is still its own.)
+    fn join_from_outside(&self, pid: Option<u32>) -> io::Result<()> {
+        match (&self.cgroup, pid) {
+            (Some(cgroup), Some(pid)) if !cgroup.by_wrapper() => cgroup.join(pid),
+            _ => Ok(()),
+        }
+    }
+
+    /// Kill, then wait (bounded) until the cgroup is empty and remove it.
+    async fn finish(&mut self) {
+        self.kill();
+        if let Some(cgroup) = self.cgroup.take() {
+            cgroup.finish().await;
         }
     }
 }
 
-impl Drop for GroupKiller {
+impl Drop for Reaper {
     fn drop(&mut self) {
+        // The cgroup, if still here, finishes itself in the background when dropped.
         self.kill();
     }
 }
@@ -427,29 +600,10 @@ impl<R: AsyncRead + Unpin> AsyncRead for Stoppable<R> {
 
 #[cfg(test)]
 mod tests {
+    use futures::future::join_all;
+
     use super::*;
-
-    /// Gone, or a zombie nobody reaps (in a container the init may not).
-    fn gone_or_zombie(pid: i32) -> bool {
-        match std::fs::read_to_string(format!("/proc/{pid}/status")) {
-            Err(_) => true,
-            Ok(status) => status
-                .lines()
-                .find_map(|l| l.strip_prefix("State:"))
-                .is_some_and(|s| s.trim_start().starts_with('Z')),
-        }
-    }
-
-    async fn wait_gone(pid: i32, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while !gone_or_zombie(pid) {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        true
-    }
+    use crate::testkit::escapes::{ESCAPES, End, gone_or_zombie, survivors, wait_gone};
 
     /// A pid the command wrote to `file`.
     fn read_pid(file: &Path) -> i32 {
@@ -506,7 +660,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn setsid_process_holding_stdout_costs_only_the_grace_and_keeps_the_output() {
+    async fn setsid_process_holding_stdout_is_killed_and_the_output_kept() {
         let dir = tempfile::tempdir().unwrap();
         let started = Instant::now();
         let command = sh(
@@ -515,18 +669,175 @@ mod tests {
         );
         let r = run(command, "test").await.unwrap();
         assert!(!r.timed_out && r.exit_code == Some(0), "{r:?}");
-        // What came before the grace ran out is kept.
         assert_eq!(r.stdout_str(), "main-done\n");
-        assert!(r.duration >= READER_GRACE, "{r:?}");
         assert!(started.elapsed() < Duration::from_secs(10), "{r:?}");
         let pid = read_pid(&dir.path().join("sid.pid"));
-        // It left the group, so it survived; clean it up.
-        assert!(
-            !gone_or_zombie(pid),
-            "the setsid process should have survived"
-        );
-        nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
-        assert!(wait_gone(pid, Duration::from_secs(3)).await);
+        if tree_kill().kills_escaped() {
+            // Killed with the command, which closed the pipes: no reader grace was needed.
+            assert!(r.duration < READER_GRACE, "{r:?}");
+            assert!(
+                wait_gone(pid, Duration::from_secs(3)).await,
+                "{pid} survived"
+            );
+        } else {
+            // Process groups only: it left the group and survived; the grace bounded the wait.
+            eprintln!("no cgroups: checking process-group semantics only");
+            assert!(r.duration >= READER_GRACE, "{r:?}");
+            assert!(
+                !gone_or_zombie(pid),
+                "the setsid process should have survived"
+            );
+            nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+            assert!(wait_gone(pid, Duration::from_secs(3)).await);
+        }
+    }
+
+    /// Every tracking this machine offers, against every escape, ended as `end`: the cgroup
+    /// ones kill all, the process group what stayed in it.
+    async fn every_tracking_against_every_escape(end: End) {
+        let trackings = Tracking::available();
+        let runs = trackings.iter().map(|tracking| async move {
+            let dir = tempfile::tempdir().unwrap();
+            let cwd = dir.path().to_path_buf();
+            let survived = survivors(dir.path(), end, |script, timeout| {
+                run_tracked(sh(&script, &cwd).timeout(timeout), "test", tracking)
+            })
+            .await;
+            (tracking, survived)
+        });
+        for (tracking, survived) in join_all(runs).await {
+            let what = tracking.describe();
+            eprintln!("{what}: {end:?}: survived {survived:?}");
+            if tracking.mode().kills_escaped() {
+                assert!(
+                    survived.is_empty(),
+                    "{what}: {end:?}: survived {survived:?}"
+                );
+            } else {
+                for name in &survived {
+                    let escape = ESCAPES.iter().find(|e| e.name == *name).unwrap();
+                    assert!(escape.leaves_group, "{what}: {end:?}: {name} survived");
+                }
+            }
+        }
+        if tree_kill().kills_escaped() {
+            // This machine has cgroups: every method must have been exercised.
+            assert!(trackings.len() > 1, "no cgroup tracking was available");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_tracking_kills_escapes_on_timeout() {
+        every_tracking_against_every_escape(End::Timeout).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_tracking_kills_escapes_on_exit() {
+        every_tracking_against_every_escape(End::Exit).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_tracking_kills_escapes_on_cancel() {
+        every_tracking_against_every_escape(End::Cancel).await;
+    }
+
+    /// The `cmd-…` cgroup a command ran in, from its `/proc/self/cgroup`.
+    fn own_cgroup(stdout: &str, parent: &Path) -> PathBuf {
+        let name = parent.file_name().unwrap().to_str().unwrap();
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&format!("/{name}/cmd-")))
+            .unwrap_or_else(|| panic!("not in a cgroup under {}: {stdout}", parent.display()));
+        let cmd = line.rsplit('/').next().unwrap();
+        assert_eq!(cmd.len(), "cmd-".len() + 32, "{line}");
+        parent.join(cmd)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_command_gets_a_cgroup_removed_when_it_ends_or_is_cancelled() {
+        let dir = tempfile::tempdir().unwrap();
+        for tracking in Tracking::available() {
+            let Some(parent) = tracking.parent() else {
+                continue;
+            };
+            let what = tracking.describe();
+            let r = run_tracked(sh("cat /proc/self/cgroup", dir.path()), "test", &tracking)
+                .await
+                .unwrap();
+            assert_eq!(r.exit_code, Some(0), "{what}: {r:?}");
+            let cgroup = own_cgroup(&r.stdout_str(), parent);
+            assert!(!cgroup.exists(), "{what}: {} left behind", cgroup.display());
+
+            // Cancelled: removed in the background once its members are dead.
+            let line = "cat /proc/self/cgroup > cg.txt; exec sleep 300";
+            let file = dir.path().join("cg.txt");
+            let _ = std::fs::remove_file(&file);
+            let exec = run_tracked(sh(line, dir.path()), "test", &tracking);
+            tokio::select! {
+                r = exec => panic!("{what}: ended: {r:?}"),
+                () = async {
+                    while std::fs::metadata(&file).map_or(true, |m| m.len() == 0) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                } => {}
+            }
+            let cgroup = own_cgroup(&std::fs::read_to_string(&file).unwrap(), parent);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while cgroup.exists() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{what}: {} left",
+                    cgroup.display()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_that_cannot_join_its_cgroup_is_an_error_and_does_not_run() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory without `cgroup.procs` to write: the wrapper's move fails.
+        let cgroup = CommandCgroup::unmanaged(dir.path().join("no-such-cgroup"), true);
+        let command = sh("echo ran > ran.txt", dir.path());
+        let err = spawn_and_collect(command, "test", Some(cgroup))
+            .await
+            .unwrap_err();
+        match &err {
+            Error::Backend {
+                backend, message, ..
+            } => {
+                assert_eq!(*backend, "test");
+                assert!(message.contains("`sh` did not run"), "{message}");
+                assert!(message.contains("no-such-cgroup"), "{message}");
+            }
+            _ => panic!("{err}"),
+        }
+        assert!(!dir.path().join("ran.txt").exists());
+    }
+
+    #[test]
+    fn programs_are_checked_as_execvp_would_find_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Some(OsStr::new("/nonexistent:/usr/bin:/bin"));
+        assert!(check_program("sh", dir.path(), path).is_ok());
+        let err = check_program("no-such-program-5f3a", dir.path(), path).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        // Without a PATH the shell's default search decides.
+        assert!(check_program("anything", dir.path(), None).is_ok());
+        // With a slash: relative to the working directory; a file must be executable.
+        std::fs::write(dir.path().join("script"), "#!/bin/sh\n").unwrap();
+        let err = check_program("./script", dir.path(), path).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+        use std::os::unix::fs::PermissionsExt as _;
+        let exec = std::fs::Permissions::from_mode(0o755);
+        std::fs::set_permissions(dir.path().join("script"), exec).unwrap();
+        assert!(check_program("./script", dir.path(), path).is_ok());
+        // An empty PATH entry is the working directory.
+        assert!(check_program("script", dir.path(), Some(OsStr::new("/x::/y"))).is_ok());
+        assert!(check_program("script", dir.path(), Some(OsStr::new("/x:/y"))).is_err());
+        // A directory is not a program.
+        assert!(check_program("/tmp", dir.path(), path).is_err());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -536,12 +847,153 @@ mod tests {
             .env("ONE", "1")
             .env("SPACED", "a b=c");
         let r = run(command, "test").await.unwrap();
-        assert_eq!(r.stdout_str(), "ONE=1\nSPACED=a b=c\n");
+        // The set of variables is exact; their order is not promised (a shell reorders).
+        assert_eq!(sorted_lines(&r.stdout_str()), ["ONE=1", "SPACED=a b=c"]);
 
         let command = sh("cat; pwd", dir.path()).stdin("fed\n");
         let r = run(command, "test").await.unwrap();
         let cwd = dir.path().canonicalize().unwrap();
         assert_eq!(r.stdout_str(), format!("fed\n{}\n", cwd.display()));
+    }
+
+    fn sorted_lines(text: &str) -> Vec<&str> {
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort();
+        lines
+    }
+
+    /// Variables a shell sets or resets itself: the wrapper restores them.
+    const SHELL_VARS: &[(&str, &str)] = &[
+        ("PATH", MINIMAL_PATH),
+        ("PWD", "/nowhere"),
+        ("OLDPWD", "/before"),
+        ("IFS", "x"),
+        ("OPTIND", "9"),
+        ("PPID", "1"),
+        ("SHLVL", "5"),
+        ("_", "u"),
+        ("BASH_ENV", "/nothing"),
+    ];
+
+    /// Spins on shell builtins (no fork) until the shell is in a `cmd-…` cgroup of ours:
+    /// for commands joined from outside, which may run a moment before the move.
+    const UNTIL_JOINED: &str = "j=; until [ -n \"$j\" ]; do while read -r l; do \
+        case $l in */sandbox-harness-*/cmd-*) j=1;; esac; done < /proc/self/cgroup; done\n";
+
+    fn env_lines(vars: &[(&str, &str)]) -> Vec<String> {
+        let mut lines: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        lines.sort();
+        lines
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shell_variables_pass_the_wrapper_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        for tracking in Tracking::available() {
+            let command = HostCommand::new(["env"], dir.path()).envs(SHELL_VARS.iter().copied());
+            let r = run_tracked(command, "test", &tracking).await.unwrap();
+            let what = tracking.describe();
+            assert_eq!(
+                sorted_lines(&r.stdout_str()),
+                env_lines(SHELL_VARS),
+                "{what}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_name_a_shell_would_drop_is_passed_exactly_and_joined_from_outside() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut vars = SHELL_VARS.to_vec();
+        vars.push(("spring.profiles.active", "dev"));
+        for tracking in Tracking::available() {
+            let what = tracking.describe();
+            let command = HostCommand::new(["env"], dir.path()).envs(vars.iter().copied());
+            let r = run_tracked(command, "test", &tracking).await.unwrap();
+            assert_eq!(sorted_lines(&r.stdout_str()), env_lines(&vars), "{what}");
+            let Some(parent) = tracking.parent() else {
+                continue;
+            };
+            // What it starts once moved dies with it.
+            let line = format!(
+                "{UNTIL_JOINED}cat /proc/self/cgroup; \
+                 setsid sh -c 'echo $$ > sid.pid; exec sleep 300' & \
+                 while [ ! -s sid.pid ]; do sleep 0.01; done"
+            );
+            let command = sh(&line, dir.path()).envs(vars.iter().copied());
+            let r = run_tracked(command, "test", &tracking).await.unwrap();
+            assert_eq!(r.exit_code, Some(0), "{what}: {r:?}");
+            let _ = own_cgroup(&r.stdout_str(), parent);
+            let pid = read_pid(&dir.path().join("sid.pid"));
+            assert!(
+                wait_gone(pid, Duration::from_secs(5)).await,
+                "{what}: the setsid process {pid} survived"
+            );
+            std::fs::remove_file(dir.path().join("sid.pid")).unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn joining_from_outside_copes_with_commands_that_exit_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(tracking) = Tracking::available()
+            .into_iter()
+            .find(|t| t.parent().is_some())
+        else {
+            eprintln!("no cgroups: nothing to join");
+            return;
+        };
+        let tracking = tracking.joining_from_outside();
+        for _ in 0..50 {
+            let command = HostCommand::new(["/bin/true"], dir.path());
+            let r = run_tracked(command, "test", &tracking).await.unwrap();
+            assert_eq!(r.exit_code, Some(0), "{r:?}");
+        }
+        // Every escape, started once the command was moved.
+        let cwd = dir.path().to_path_buf();
+        let survived = survivors(dir.path(), End::Exit, |script, timeout| {
+            let script = format!("{UNTIL_JOINED}{script}");
+            run_tracked(sh(&script, &cwd).timeout(timeout), "test", &tracking)
+        })
+        .await;
+        assert!(survived.is_empty(), "survived {survived:?}");
+    }
+
+    #[test]
+    fn the_wrapper_is_used_when_it_carries_the_command_exactly() {
+        let Some(tracking) = Tracking::available()
+            .into_iter()
+            .find(|t| t.parent().is_some())
+        else {
+            return;
+        };
+        let by_wrapper = |program: &str, vars: &[(&str, &str)]| {
+            let env: BTreeMap<OsString, OsString> = vars
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect();
+            let cg = tracking.start(program, &env, false).unwrap().unwrap();
+            cg.by_wrapper()
+        };
+        // When /bin/sh passed the canary (dash does, bash does not).
+        let exact = tracking.wrapper_exact();
+        assert_eq!(by_wrapper("env", SHELL_VARS), exact);
+        assert_eq!(by_wrapper("env", &[("PATH", "/bin"), ("_X1", "")]), exact);
+        // A program without a slash needs a PATH; with one it does not.
+        assert!(!by_wrapper("env", &[("HOME", "/h")]));
+        assert_eq!(by_wrapper("/usr/bin/env", &[("HOME", "/h")]), exact);
+        // Names a shell drops, and ours.
+        for name in [
+            "spring.profiles.active",
+            "1X",
+            "BASH_FUNC_f%%",
+            "SANDBOX_HARNESS_SAVED",
+        ] {
+            assert!(
+                !by_wrapper("env", &[("PATH", "/bin"), (name, "v")]),
+                "{name}"
+            );
+        }
     }
 
     #[tokio::test]

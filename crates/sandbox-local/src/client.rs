@@ -146,6 +146,9 @@ impl SandboxClient for LocalClient {
         // Export and import are plain file operations on the host: they never block each other.
         caps.concurrent_transfers = true;
         caps.exec = ExecFeatures::all();
+        // Processes that leave the command's process group die too only where a cgroup
+        // tracks them (detected once per process).
+        caps.exec.tree_kill = sandbox_core::host::tree_kill().kills_escaped();
         caps
     }
 

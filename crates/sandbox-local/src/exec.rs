@@ -1,6 +1,6 @@
 //! Running one command in a box: the argv, the working directory and the environment a box
-//! gives it; `sandbox_core::host::run` runs it (own process group, output read concurrently,
-//! a timeout that kills the whole group).
+//! gives it; `sandbox_core::host::run` runs it (own process group and cgroup, output read
+//! concurrently, everything it started killed on exit, timeout and cancellation).
 
 use std::collections::BTreeMap;
 use std::io;

@@ -11,6 +11,7 @@
 //! Scenarios only use POSIX `sh` utilities (`cat`, `echo`, `printf`, `test`, `sleep`, `kill`)
 //! inside the box, so they run on minimal images too.
 
+pub mod escapes;
 pub mod faults;
 pub mod faulty;
 pub mod guards;

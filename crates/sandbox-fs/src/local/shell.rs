@@ -1,6 +1,7 @@
 //! The host shell of the local mode: `sh -c` run by `sandbox_core::host::run` (its own process
-//! group, output read concurrently with a cap, the whole group killed when the command ends or
-//! times out and when the call is dropped), with a minimal environment unless told to inherit.
+//! group and cgroup, output read concurrently with a cap, everything it started killed when the
+//! command ends or times out and when the call is dropped), with a minimal environment unless
+//! told to inherit.
 
 use std::collections::BTreeMap;
 use std::fmt;
