@@ -146,9 +146,7 @@ fn creating_never_passes_through_a_link() {
         assert!(!l.outside.join("planted").exists());
         // A link at the written name is replaced, its target untouched.
         let abs_out = rel("abs_out");
-        let (parent, name) = root
-            .parent_of(&abs_out, Follow::Never, false)
-            .unwrap();
+        let (parent, name) = root.parent_of(&abs_out, Follow::Never, false).unwrap();
         parent.write_atomic(name, b"replaced", 0o644).unwrap();
         assert!(
             fs::symlink_metadata(l.root.join("abs_out"))

@@ -11,6 +11,7 @@
 //! Scenarios only use POSIX `sh` utilities (`cat`, `echo`, `printf`, `test`, `sleep`, `kill`)
 //! inside the box, so they run on minimal images too.
 
+pub mod fs_state;
 pub mod raw_tar;
 mod stores;
 
