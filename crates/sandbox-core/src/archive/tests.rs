@@ -601,10 +601,10 @@ struct ActAt<'a, F: FnOnce()> {
 
 impl<F: FnOnce()> Read for ActAt<'_, F> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.pos >= self.at {
-            if let Some(action) = self.action.take() {
-                action();
-            }
+        if self.pos >= self.at
+            && let Some(action) = self.action.take()
+        {
+            action();
         }
         let end = if self.pos < self.at {
             self.at
@@ -631,6 +631,10 @@ fn swap_for_link(dest: &Path, name: &str, target: &Path) {
 
 #[test]
 fn deferred_dir_modes_never_follow_a_symlink_swapped_in() {
+    crate::beneath::both_resolutions(deferred_dir_mode_swap);
+}
+
+fn deferred_dir_mode_swap() {
     let n = Neighbourhood::new();
     let head = || RawTar::new().dir_mode("p", 0o777).file("p/t", b"x");
     let at = offset_after(head());
@@ -649,6 +653,10 @@ fn deferred_dir_modes_never_follow_a_symlink_swapped_in() {
 
 #[test]
 fn hard_link_sources_never_resolve_through_a_symlink_swapped_in() {
+    crate::beneath::both_resolutions(hard_link_source_swap);
+}
+
+fn hard_link_source_swap() {
     let n = Neighbourhood::new();
     let head = || RawTar::new().file("d/f", b"inside f");
     let at = offset_after(head());
@@ -713,14 +721,111 @@ async fn pack_dir_never_reads_a_file_swapped_for_a_symlink() {
     while rounds < 3000 && started.elapsed() < Duration::from_secs(4) {
         rounds += 1;
         let packed = pack_dir(n.dest.clone(), None, Excludes::default());
-        if let Ok(bytes) = stream::collect(packed, 1 << 20).await {
-            if bytes.windows(6).any(|w| w == b"SECRET") {
-                leaked = true;
-                break;
-            }
+        if let Ok(bytes) = stream::collect(packed, 1 << 20).await
+            && bytes.windows(6).any(|w| w == b"SECRET")
+        {
+            leaked = true;
+            break;
         }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     flipper.join().unwrap();
     assert!(!leaked, "a snapshot read the outside file (round {rounds})");
+}
+
+#[test]
+fn extraction_replaces_what_is_there_through_both_resolutions() {
+    crate::beneath::both_resolutions(|| {
+        let n = Neighbourhood::new();
+        let d = &n.dest;
+        // What an earlier state of the workspace left: a file, a link out, a directory, and a
+        // link where the archive has a directory.
+        fs::write(d.join("f"), "old").unwrap();
+        std::os::unix::fs::symlink(n.outside.join("secret.txt"), d.join("l")).unwrap();
+        fs::create_dir_all(d.join("gone/deep")).unwrap();
+        fs::write(d.join("gone/deep/x"), "x").unwrap();
+        std::os::unix::fs::symlink(&n.outside, d.join("dir")).unwrap();
+        let before = record_with_root(&n.outside);
+        let t = RawTar::new()
+            .file("f", b"new f")
+            .file("l", b"new l")
+            .symlink("gone", "f")
+            .dir_mode("dir", 0o750)
+            .file("dir/in", b"in")
+            .file("a/b/c", b"c")
+            .hardlink("a/h", "a/b/c")
+            .dir_mode("a", 0o500)
+            .finish();
+        let stats = extract_blocking(&t[..], d, ArchivePolicy::default()).unwrap();
+        assert_eq!(stats.entries, 8);
+        assert_eq!(record_with_root(&n.outside), before, "the outside changed");
+        assert_eq!(fs::read_to_string(d.join("f")).unwrap(), "new f");
+        assert_eq!(fs::read_to_string(d.join("l")).unwrap(), "new l");
+        assert_eq!(fs::read_link(d.join("gone")).unwrap(), Path::new("f"));
+        let dir = fs::symlink_metadata(d.join("dir")).unwrap();
+        assert!(dir.is_dir());
+        assert_eq!(dir.mode() & 0o7777, 0o750);
+        assert_eq!(fs::read_to_string(d.join("dir/in")).unwrap(), "in");
+        assert_eq!(
+            fs::metadata(d.join("a/h")).unwrap().ino(),
+            fs::metadata(d.join("a/b/c")).unwrap().ino()
+        );
+        // Owner access is kept while extracting (and after): 0o500 | 0o700.
+        assert_eq!(fs::metadata(d.join("a")).unwrap().mode() & 0o7777, 0o700);
+    });
+}
+
+#[tokio::test]
+async fn deep_trees_are_walked_with_a_bounded_number_of_handles() {
+    // Deeper than the handles a walk holds at once; at every level a file sorts after the
+    // subdirectory, so each level's handle is needed again after the walk below it.
+    let src = tempfile::tempdir().unwrap();
+    let depth = HELD_DIRS + 20;
+    let mut cur = src.path().to_path_buf();
+    let mut expected = Vec::new();
+    let mut rel = String::new();
+    for level in 0..depth {
+        cur.push("d");
+        fs::create_dir(&cur).unwrap();
+        fs::write(cur.with_file_name("z"), level.to_string()).unwrap();
+        rel.push_str(if rel.is_empty() { "d" } else { "/d" });
+        expected.push(rel.clone());
+    }
+    let mut zs: Vec<String> = expected
+        .iter()
+        .map(|d| match d.rsplit_once('/') {
+            Some((parent, _)) => format!("{parent}/z"),
+            None => "z".to_owned(),
+        })
+        .collect();
+    expected.append(&mut zs);
+    expected.sort_by(|a, b| {
+        // Parents before children, siblings by name: compare component lists.
+        a.split('/').cmp(b.split('/'))
+    });
+    let listed: Vec<String> = list_dir(src.path())
+        .unwrap()
+        .into_iter()
+        .map(|e| e.path.as_str().to_owned())
+        .collect();
+    assert_eq!(listed, expected);
+    // The same through pack_dir and back.
+    let dst = tempfile::tempdir().unwrap();
+    extract_to_dir(
+        pack_dir(src.path().to_path_buf(), None, Excludes::default()),
+        dst.path().to_path_buf(),
+        ArchivePolicy::default(),
+    )
+    .await
+    .unwrap();
+    let deepest = dst
+        .path()
+        .join(expected.iter().rev().find(|p| p.ends_with("/z")).unwrap());
+    assert!(deepest.is_file());
+    let back: Vec<String> = list_dir(dst.path())
+        .unwrap()
+        .into_iter()
+        .map(|e| e.path.as_str().to_owned())
+        .collect();
+    assert_eq!(back, expected);
 }
