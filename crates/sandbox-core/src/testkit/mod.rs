@@ -12,6 +12,7 @@
 //! inside the box, so they run on minimal images too.
 
 pub mod escapes;
+pub mod fs_state;
 pub mod logs;
 pub mod race;
 pub mod raw_tar;
