@@ -111,6 +111,16 @@ thread_local! {
     static FORCE_WALK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// For tests in this crate: run `test` through `openat2` (where it works), then again with the
+/// portable walk forced on this thread.
+#[cfg(test)]
+pub(crate) fn both_resolutions(test: impl Fn()) {
+    test();
+    FORCE_WALK.with(|f| f.set(true));
+    test();
+    FORCE_WALK.with(|f| f.set(false));
+}
+
 /// Why an error is a refusal by the resolution rules, if it is one.
 pub fn refusal(e: &io::Error) -> Option<&'static str> {
     match e.raw_os_error().map(Errno::from_raw_os_error) {
@@ -372,6 +382,19 @@ impl Dir {
         Ok(self.child(fd, name))
     }
 
+    /// Open the entry `name` of this directory for reading, refusing a symlink (`ELOOP`).
+    /// Whatever the name turned out to be, opening it neither blocks (a fifo) nor makes it
+    /// the controlling terminal; callers check the kind on the returned handle.
+    pub fn open_entry(&self, name: &str) -> io::Result<fs::File> {
+        let fd = rustix::fs::openat(
+            self.as_fd(),
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(fs::File::from(fd))
+    }
+
     /// Create the file `name` (it must not exist; a symlink there is not followed) for
     /// writing, with permission bits `mode` (before umask).
     pub fn create_new(&self, name: &str, mode: u32) -> io::Result<fs::File> {
@@ -594,6 +617,11 @@ impl Dir {
             out.push(DirEntry { name, kind });
         }
         Ok(out)
+    }
+
+    /// Metadata of this directory itself (of the handle: whatever its path names by now).
+    pub fn stat(&self) -> io::Result<fs::Metadata> {
+        fs::File::from(self.fd.try_clone()?).metadata()
     }
 
     /// Set permission bits and the modification time of this directory itself.

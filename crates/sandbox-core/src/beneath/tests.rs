@@ -1,4 +1,5 @@
 use std::io::Read as _;
+use std::os::unix::fs::FileTypeExt as _;
 use std::os::unix::fs::symlink;
 
 use super::*;
@@ -50,10 +51,7 @@ fn errno(r: io::Result<impl fmt::Debug>) -> Errno {
 
 /// Every rule, through the kernel's `openat2` and through the portable walk.
 fn both_paths(test: impl Fn()) {
-    test();
-    FORCE_WALK.with(|f| f.set(true));
-    test();
-    FORCE_WALK.with(|f| f.set(false));
+    both_resolutions(test);
 }
 
 #[test]
@@ -334,3 +332,45 @@ fn copy_all_copies_trees_without_following_links() {
 }
 
 use std::os::unix::fs::PermissionsExt as _;
+
+#[test]
+fn open_entry_reads_files_and_refuses_links_without_blocking() {
+    let l = layout();
+    let root = Dir::open(&l.root).unwrap();
+    let sub = root.open_dir(&rel("real/sub"), Follow::Never).unwrap();
+    let mut s = String::new();
+    sub.open_entry("file.txt")
+        .unwrap()
+        .read_to_string(&mut s)
+        .unwrap();
+    assert_eq!(s, "inside");
+    // A link is refused wherever it points, and never read through.
+    assert_eq!(errno(root.open_entry("rel_file")), Errno::LOOP);
+    assert_eq!(errno(root.open_entry("abs_out")), Errno::LOOP);
+    // A fifo opens at once (no writer needed) and says what it is.
+    rustix::fs::mknodat(
+        root.as_fd(),
+        "fifo",
+        rustix::fs::FileType::Fifo,
+        Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let fifo = root.open_entry("fifo").unwrap();
+    assert!(fifo.metadata().unwrap().file_type().is_fifo());
+}
+
+#[test]
+fn stat_describes_the_handle_not_the_path() {
+    let l = layout();
+    let root = Dir::open(&l.root).unwrap();
+    let sub = root.open_dir(&rel("real/sub"), Follow::Never).unwrap();
+    let ino = fs::metadata(l.root.join("real/sub")).unwrap().ino();
+    assert_eq!(sub.stat().unwrap().ino(), ino);
+    // Swapped for a link to elsewhere, the path names something else; the handle does not.
+    fs::rename(l.root.join("real/sub"), l.root.join("real/moved")).unwrap();
+    symlink(&l.outside, l.root.join("real/sub")).unwrap();
+    let meta = sub.stat().unwrap();
+    assert!(meta.is_dir());
+    assert_eq!(meta.ino(), ino);
+}

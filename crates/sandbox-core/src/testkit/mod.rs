@@ -14,6 +14,7 @@
 pub mod escapes;
 pub mod faults;
 pub mod faulty;
+pub mod fs_state;
 pub mod guards;
 pub mod logs;
 pub mod race;

@@ -24,7 +24,7 @@ impl RawTar {
     }
 
     fn entry(
-        mut self,
+        self,
         name: &[u8],
         kind: tar::EntryType,
         mode: u32,
@@ -41,6 +41,11 @@ impl RawTar {
                 old.linkname[..n].copy_from_slice(&link[..n]);
             }
         }
+        self.push(h, kind, mode, data)
+    }
+
+    /// Fill in the common header fields of `h` and append it with `data`, padded.
+    fn push(mut self, mut h: tar::Header, kind: tar::EntryType, mode: u32, data: &[u8]) -> Self {
         h.set_entry_type(kind);
         h.set_mode(mode);
         h.set_size(data.len() as u64);
@@ -71,6 +76,36 @@ impl RawTar {
     /// A directory.
     pub fn dir(self, name: &str) -> Self {
         self.entry(name.as_bytes(), tar::EntryType::Directory, 0o755, None, &[])
+    }
+
+    /// A directory with a mode.
+    pub fn dir_mode(self, name: &str, mode: u32) -> Self {
+        self.entry(name.as_bytes(), tar::EntryType::Directory, mode, None, &[])
+    }
+
+    /// A symlink with a raw (possibly NUL-carrying) target field.
+    pub fn symlink_raw(self, name: &str, target: &[u8]) -> Self {
+        self.entry(
+            name.as_bytes(),
+            tar::EntryType::Symlink,
+            0o777,
+            Some(target),
+            &[],
+        )
+    }
+
+    /// A regular file in a POSIX ustar header whose name is split into the `prefix` and
+    /// `name` fields, both raw.
+    pub fn ustar_file(self, prefix: &[u8], name: &[u8], data: &[u8]) -> Self {
+        let mut h = tar::Header::new_ustar();
+        {
+            let ustar = h.as_ustar_mut().expect("a ustar header");
+            let n = name.len().min(ustar.name.len());
+            ustar.name[..n].copy_from_slice(&name[..n]);
+            let n = prefix.len().min(ustar.prefix.len());
+            ustar.prefix[..n].copy_from_slice(&prefix[..n]);
+        }
+        self.push(h, tar::EntryType::Regular, 0o644, data)
     }
 
     /// A symlink.
