@@ -312,11 +312,6 @@ impl Dir {
         }
     }
 
-    /// Metadata of this directory itself.
-    pub fn dir_metadata(&self) -> io::Result<fs::Metadata> {
-        fs::File::from(self.fd.try_clone()?).metadata()
-    }
-
     /// The directory holding `rel` (created, with its parents, when `create` is set) and the
     /// last component of `rel`, for the single-name operations below.
     pub fn parent_of<'p>(

@@ -314,3 +314,28 @@ fn relative(from: &Path, to: &Path) -> PathBuf {
     }
     out
 }
+
+/// What a stress run saw: print the counts (they go in reports) and assert it touched nothing
+/// outside, and that it really ran (so it cannot pass vacuously).
+pub fn assert_clean(
+    label: &str,
+    elapsed: Duration,
+    swaps: u64,
+    operations: u64,
+    outside_reads: u64,
+    changes: &[String],
+) {
+    println!(
+        "race {label}: {:.1} s, operations={operations} swaps={swaps} \
+         outside_reads={outside_reads} outside_writes={}",
+        elapsed.as_secs_f64(),
+        changes.len()
+    );
+    for c in changes {
+        println!("  outside write: {c}");
+    }
+    assert!(swaps > 100, "the swapper barely ran: {swaps} swaps");
+    assert!(operations > 100, "the operations barely ran: {operations}");
+    assert_eq!(outside_reads, 0, "operations returned outside content");
+    assert!(changes.is_empty(), "the outside tree changed: {changes:?}");
+}

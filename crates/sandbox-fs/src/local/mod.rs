@@ -67,6 +67,17 @@ const TMP_TAG: &str = ".sandbox-fs-tmp-";
 /// Most entries one walk collects.
 const WALK_LIMIT: usize = 200_000;
 
+/// The layer a view write lands in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteLayer {
+    /// The bound user's directory (user-level metadata).
+    User,
+    /// The project (`project_writable`, non-metadata paths).
+    Project,
+    /// The workspace.
+    Workspace,
+}
+
 fn first_component(rel: &RelPath) -> &str {
     rel.components().next().unwrap_or("")
 }
@@ -273,7 +284,7 @@ impl Place {
     /// whereabouts check) and the metadata, a final symlink followed.
     fn stat(&self, anchors: &[Anchor<'_>]) -> io::Result<(Option<fs::File>, fs::Metadata)> {
         match self {
-            Place::Beneath { dir, rel: None, .. } => Ok((None, dir.dir_metadata()?)),
+            Place::Beneath { dir, rel: None, .. } => Ok((None, dir.stat()?)),
             Place::Beneath {
                 dir,
                 rel: Some(rel),
@@ -377,7 +388,7 @@ fn whereabouts(handle: &impl AsFd) -> Option<PathBuf> {
 
 /// A directory's identity (device, inode).
 fn dir_id(dir: &Dir) -> Option<(u64, u64)> {
-    dir.dir_metadata().ok().map(|m| (m.dev(), m.ino()))
+    dir.stat().ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// Whether the entry `name` of `dir` is a marked user directory (looked at through the handle,
@@ -764,6 +775,18 @@ impl LocalFs {
         })
     }
 
+    /// Which layer a write to the view path `rel` goes to: one decision for the write itself
+    /// and for the key its edits are serialized by.
+    fn write_layer(&self, rel: &RelPath) -> WriteLayer {
+        if self.user.is_some() && is_user_level(rel) {
+            WriteLayer::User
+        } else if self.inner.project_writable && !is_metadata(rel) {
+            WriteLayer::Project
+        } else {
+            WriteLayer::Workspace
+        }
+    }
+
     /// Where a write to `target` goes (the bound user's directory is created on the way).
     fn write_target(&self, target: &Target, raw: &str) -> Result<Place> {
         match target {
@@ -772,13 +795,12 @@ impl LocalFs {
                 format!("`{raw}` is a root directory; give a file path"),
             )),
             Target::View(Some(rel)) => {
-                let layer = if self.user.is_some() && is_user_level(rel) {
-                    self.user_layer(true)?
-                        .expect("the user's directory was just created")
-                } else if self.inner.project_writable && !is_metadata(rel) {
-                    self.inner.project.layer(true)
-                } else {
-                    self.inner.workspace.layer(true)
+                let layer = match self.write_layer(rel) {
+                    WriteLayer::User => self
+                        .user_layer(true)?
+                        .expect("the user's directory was just created"),
+                    WriteLayer::Project => self.inner.project.layer(true),
+                    WriteLayer::Workspace => self.inner.workspace.layer(true),
                 };
                 Ok(self.place_in(&layer, Some(rel)))
             }
@@ -1232,9 +1254,9 @@ impl LocalFs {
             )),
             Target::View(Some(rel)) => {
                 let inner = &self.inner;
-                let dir = match &self.user {
-                    Some(user) if is_user_level(rel) => inner.workspace.real.join(user),
-                    _ if inner.project_writable && !is_metadata(rel) => inner.project.real.clone(),
+                let dir = match (self.write_layer(rel), &self.user) {
+                    (WriteLayer::User, Some(user)) => inner.workspace.real.join(user),
+                    (WriteLayer::Project, _) => inner.project.real.clone(),
                     _ => inner.workspace.real.clone(),
                 };
                 Ok(rel.to_host(&dir))

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sandbox_core::archive::{self, PackSource};
@@ -128,30 +127,8 @@ pub fn names_with_prefix(dir: &Path, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// Whether process `pid` no longer runs: it is gone or a zombie awaiting its reaper.
-pub fn gone_or_zombie(pid: i32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/status")) {
-        Err(_) => true,
-        Ok(status) => status
-            .lines()
-            .find_map(|l| l.strip_prefix("State:"))
-            .is_some_and(|s| s.trim_start().starts_with('Z')),
-    }
-}
-
-/// Poll [`gone_or_zombie`] for up to `within`.
-pub async fn wait_gone(pid: i32, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if gone_or_zombie(pid) {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+#[allow(unused_imports)]
+pub use sandbox_core::testkit::escapes::{gone_or_zombie, wait_gone};
 
 /// Read a pid a command wrote into the workspace.
 pub async fn read_pid(handle: &dyn BoxHandle, path: &str) -> i32 {
