@@ -535,7 +535,8 @@ pub(crate) struct Plan {
 impl Plan {
     fn new(live: &[TreeEntry], parent: Option<&Manifest>) -> Plan {
         let index = parent.map(Manifest::index).unwrap_or_default();
-        let racy_from = parent.map_or(i64::MAX, |m| m.header.started_ns - racy_window_ns());
+        let started = parent.map_or(i64::MAX, |m| m.header.started_ns);
+        let racy = |mtime_ns: i64| is_racy(mtime_ns, started);
         let mut entries = Vec::with_capacity(live.len());
         let mut changed = Vec::new();
         let mut suspects = Vec::new();
@@ -543,7 +544,7 @@ impl Plan {
         for e in live {
             let file = e.kind == EntryType::File;
             match index.get(&e.path) {
-                Some(p) if p.same_metadata(e) && !(file && e.mtime_ns >= racy_from) => {
+                Some(p) if p.same_metadata(e) && !(file && racy(e.mtime_ns)) => {
                     let mut reused = (*p).clone();
                     reused.inode = e.inode;
                     entries.push(reused);
@@ -575,6 +576,17 @@ impl Plan {
             structural,
         }
     }
+}
+
+/// Whether a file whose mtime is `mtime_ns` could have been rewritten, to the same size and
+/// mtime, after a listing that started at `listed_ns`. An mtime in whole seconds comes from a
+/// clock (or a writer: an archive upload sets it from a tar header) with one-second
+/// granularity, so any write up to a second after it would show the same mtime.
+fn is_racy(mtime_ns: i64, listed_ns: i64) -> bool {
+    const SECOND: i64 = 1_000_000_000;
+    let window = racy_window_ns();
+    let granularity = if mtime_ns % SECOND == 0 { SECOND } else { 0 };
+    mtime_ns + granularity >= listed_ns.saturating_sub(window)
 }
 
 /// Files modified this close to (or after) the parent's listing are re-hashed even when their
@@ -678,3 +690,20 @@ fn now_ns() -> i64 {
 /// Default grace period for [`gc`]: chunks younger than this are never swept, so a snapshot in
 /// progress (whose manifest is not written yet) keeps its chunks.
 pub const DEFAULT_GC_GRACE: Duration = Duration::from_secs(3600);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_second_mtimes_are_racy_for_a_second() {
+        let listed = 1_700_000_000_500_000_000; // half a second into a second
+        let window = racy_window_ns();
+        // Precise mtimes: racy only within the coarse-clock window of the listing.
+        assert!(!is_racy(listed - window - 1_000_000, listed));
+        assert!(is_racy(listed - window + 1, listed));
+        // Whole seconds: a rewrite in the listing's second shows the same mtime.
+        assert!(is_racy(1_700_000_000_000_000_000, listed));
+        assert!(!is_racy(1_699_999_998_000_000_000, listed));
+    }
+}

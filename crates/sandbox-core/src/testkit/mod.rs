@@ -1362,6 +1362,48 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
     );
 }
 
+/// A file rewritten through the file primitive to the same size, call after call, is
+/// snapshotted every time — also where the backend stores whole-second mtimes (an archive
+/// upload stamps its tar header's), so a rewrite in the second of the last listing keeps the
+/// mtime.
+pub async fn same_size_rewrites_are_snapshotted(fx: &dyn Fixture) {
+    let env = Env::new();
+    let m = env
+        .snapshotting(fx, Persistence::Keep, IsolationScope::Session)
+        .await;
+    let ctx = env.ctx().session("rewrites");
+    for i in 0..6 {
+        let r = call(&m, &ctx, |sb| async move {
+            sb.handle()
+                .write_file(
+                    &RelPath::new("w.txt").expect("path"),
+                    format!("w{i}\n").into(),
+                    0o644,
+                )
+                .await
+                .expect("write");
+        })
+        .await;
+        let stop = r.stop.expect("stop");
+        assert!(
+            i == 0 || !stop.unchanged,
+            "rewrite {i} was taken for no change"
+        );
+    }
+    let stored = env
+        .states
+        .load(&key_of(&m, &ctx))
+        .await
+        .expect("load")
+        .expect("state");
+    fx.lose_box(&*state_from_json(&stored).expect("state"))
+        .await;
+    call(&m, &ctx, |sb| async move {
+        assert_eq!(read(&sb, "w.txt").await.as_deref(), Some("w5\n"));
+    })
+    .await;
+}
+
 /// Generate one `#[tokio::test]` per conformance scenario for a fixture expression, with
 /// optional extra attributes on each test (e.g. an `#[ignore = "..."]` for tests that need a
 /// service and are run by `cargo xtask test`).
@@ -1374,7 +1416,8 @@ macro_rules! conformance_tests {
             second_replica_restores scope_isolation projection_lifecycle timeout_kills_grandchildren
             exec_basics hostile_snapshot_rejected failed_snapshot_keeps_previous
             bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
-            bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas retention_and_gc chunked_restore_reuses_live_files);
+            bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas retention_and_gc chunked_restore_reuses_live_files
+            same_size_rewrites_are_snapshotted);
         $crate::conformance_tests!(@faults [$fixture] [$(#[$attr])*]
             faults_cancellation_sweep faults_fault_sweep faults_same_key_concurrency
             faults_unserializable_state_is_reported faults_retention_after_failed_saves
