@@ -1409,15 +1409,13 @@ pub async fn same_size_rewrites_are_snapshotted(fx: &dyn Fixture) {
 /// service and are run by `cargo xtask test`).
 #[macro_export]
 macro_rules! conformance_tests {
+    // The core scenarios only, without the `faults` group: for a second run of a backend on
+    // another image or configuration, where the lifecycle sweeps would only repeat themselves.
+    (core: $fixture:expr $(, #[$attr:meta])* $(,)?) => {
+        $crate::conformance_tests!(@core [$fixture] [$(#[$attr])*]);
+    };
     ($fixture:expr $(, #[$attr:meta])* $(,)?) => {
-        $crate::conformance_tests!(@each [$fixture] [$(#[$attr])*]
-            state_round_trip cold_start_applies_spec warm_start_reapplies_only_ephemeral
-            restore_after_release restore_after_external_loss restore_all_and_cold_note
-            second_replica_restores scope_isolation projection_lifecycle timeout_kills_grandchildren
-            exec_basics hostile_snapshot_rejected failed_snapshot_keeps_previous
-            bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
-            bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas retention_and_gc chunked_restore_reuses_live_files
-            same_size_rewrites_are_snapshotted);
+        $crate::conformance_tests!(@core [$fixture] [$(#[$attr])*]);
         $crate::conformance_tests!(@faults [$fixture] [$(#[$attr])*]
             faults_cancellation_sweep faults_fault_sweep faults_same_key_concurrency
             faults_unserializable_state_is_reported faults_retention_after_failed_saves
@@ -1425,6 +1423,16 @@ macro_rules! conformance_tests {
             faults_missing_exec_features_are_refused faults_unsafe_setups_fail_at_build);
         $crate::conformance_tests!(@processes [$fixture] [$(#[$attr])*]
             faults_two_processes_one_key faults_stale_holder_fencing);
+    };
+    (@core [$fixture:expr] $attrs:tt) => {
+        $crate::conformance_tests!(@each [$fixture] $attrs
+            state_round_trip cold_start_applies_spec warm_start_reapplies_only_ephemeral
+            restore_after_release restore_after_external_loss restore_all_and_cold_note
+            second_replica_restores scope_isolation projection_lifecycle timeout_kills_grandchildren
+            exec_basics hostile_snapshot_rejected failed_snapshot_keeps_previous
+            bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
+            bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas retention_and_gc chunked_restore_reuses_live_files
+            same_size_rewrites_are_snapshotted);
     };
     (@faults [$fixture:expr] $attrs:tt $($name:ident)*) => {
         $( $crate::conformance_tests!(@fault [$fixture] $attrs $name); )*
