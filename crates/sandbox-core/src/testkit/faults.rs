@@ -297,6 +297,11 @@ pub async fn faults_cancellation_sweep(fx: &dyn Fixture) -> usize {
         (Persistence::Keep, SnapshotFormat::Chunked),
     ] {
         let steps = learn_steps(fx, persistence, format).await;
+        println!(
+            "cancellation sweep, {persistence:?} + {format:?}: {} cut points: {}",
+            steps.len(),
+            steps.join(" ")
+        );
         for cut in 0..steps.len() {
             let rig = Rig::new(fx, persistence, format).await;
             let seeded = rig.seed().await;
@@ -372,6 +377,11 @@ pub async fn faults_fault_sweep(fx: &dyn Fixture) -> usize {
         (Persistence::Keep, SnapshotFormat::Chunked),
     ] {
         let steps = learn_steps(fx, persistence, format).await;
+        println!(
+            "fault sweep, {persistence:?} + {format:?}: {} faults: {}",
+            steps.len(),
+            steps.join(" ")
+        );
         for at in 0..steps.len() {
             let rig = Rig::new(fx, persistence, format).await;
             rig.seed().await;
