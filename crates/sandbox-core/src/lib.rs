@@ -37,7 +37,7 @@ pub use guard::{
 pub use isolation::{CallContext, GLOBAL_KEY, IsolationKey, IsolationScope, encode_component};
 pub use manager::{
     Acquire, AcquiredFrom, ActiveCall, BoxGcOptions, BoxGcReport, CallError, CallReport, Called,
-    DeleteReport, SandboxManager, SandboxManagerBuilder,
+    DeleteReport, Distributed, SandboxManager, SandboxManagerBuilder,
 };
 pub use path::RelPath;
 pub use projection::{Projection, ProjectionOutcome};

@@ -214,6 +214,39 @@ enum Requirement {
     Distributed,
 }
 
+/// The parts replicas on several hosts must share, set together by
+/// [`SandboxManagerBuilder::distributed`] (the spec's `sandboxDistributed`): a guard whose
+/// leases every replica sees, a state store every replica reads, and (optionally) the snapshot
+/// store they restore from. Backends with a shared service offer helpers that build one
+/// (e.g. from one Redis connection).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Distributed {
+    /// The execution guard.
+    pub guard: Arc<dyn SandboxExecutionGuard>,
+    /// The state store.
+    pub states: Arc<dyn StateStore>,
+    /// Where snapshots go, replacing the config's store; `None` keeps the config's.
+    pub snapshots: Option<Arc<dyn crate::snapshot::SnapshotStore>>,
+}
+
+impl Distributed {
+    /// The guard and the state store; snapshots as configured.
+    pub fn new(guard: Arc<dyn SandboxExecutionGuard>, states: Arc<dyn StateStore>) -> Self {
+        Distributed {
+            guard,
+            states,
+            snapshots: None,
+        }
+    }
+
+    /// Snapshots in `store` too.
+    pub fn snapshots(mut self, store: Arc<dyn crate::snapshot::SnapshotStore>) -> Self {
+        self.snapshots = Some(store);
+        self
+    }
+}
+
 /// Builder for [`SandboxManager`].
 #[derive(Debug)]
 pub struct SandboxManagerBuilder {
@@ -223,6 +256,9 @@ pub struct SandboxManagerBuilder {
     scope: IsolationScope,
     config: SandboxConfig,
     require: Requirement,
+    /// The snapshot store [`distributed`](Self::distributed) set, applied at build over the
+    /// config's (whenever the config is set).
+    distributed_snapshots: Option<Arc<dyn crate::snapshot::SnapshotStore>>,
 }
 
 impl SandboxManagerBuilder {
@@ -252,6 +288,17 @@ impl SandboxManagerBuilder {
         self
     }
 
+    /// Set up for replicas on several hosts in one call: the guard, the state store and (if
+    /// given) the snapshot store of `parts`, and [`require_distributed`](Self::require_distributed),
+    /// so that `build` refuses the set-up if any of them — or the snapshot store of a config
+    /// set later — is not shared by every host.
+    pub fn distributed(mut self, parts: Distributed) -> Self {
+        self.guard = parts.guard;
+        self.states = parts.states;
+        self.distributed_snapshots = parts.snapshots;
+        self.require_distributed()
+    }
+
     /// Make [`build`](Self::build) refuse a set-up that loses work on a restart or when
     /// several processes of this host share it: state kept in memory, snapshots kept nowhere,
     /// or stores shared beyond what the guard serializes.
@@ -271,7 +318,10 @@ impl SandboxManagerBuilder {
     /// Build, checking the requirement set with [`require_durable`](Self::require_durable)
     /// or [`require_distributed`](Self::require_distributed). The error
     /// ([`Error::InvalidInput`]) names the part at fault.
-    pub fn build(self) -> Result<SandboxManager> {
+    pub fn build(mut self) -> Result<SandboxManager> {
+        if let Some(store) = self.distributed_snapshots.take() {
+            self.config.snapshots.store = store;
+        }
         self.check()?;
         Ok(SandboxManager {
             inner: Arc::new(Inner {
@@ -423,6 +473,7 @@ impl SandboxManager {
             scope: IsolationScope::default(),
             config: SandboxConfig::default(),
             require: Requirement::None,
+            distributed_snapshots: None,
         }
     }
 

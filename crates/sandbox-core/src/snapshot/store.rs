@@ -201,6 +201,7 @@ impl SnapshotStore for NoopSnapshotStore {
 #[derive(Debug, Clone)]
 pub struct LocalDirSnapshotStore {
     dir: Arc<PathBuf>,
+    reach: Reach,
 }
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -210,6 +211,17 @@ impl LocalDirSnapshotStore {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         LocalDirSnapshotStore {
             dir: Arc::new(dir.into()),
+            reach: Reach::Host,
+        }
+    }
+
+    /// A store at `dir` on a filesystem that every host of the deployment mounts (NFS, EFS,
+    /// a cluster filesystem): its [`Reach`] is [`Reach::Cluster`], so it passes
+    /// `require_distributed`. The filesystem must give `rename` its POSIX atomicity.
+    pub fn shared_by_all_hosts(dir: impl Into<PathBuf>) -> Self {
+        LocalDirSnapshotStore {
+            reach: Reach::Cluster,
+            ..LocalDirSnapshotStore::new(dir)
         }
     }
 
@@ -230,7 +242,7 @@ impl SnapshotStore for LocalDirSnapshotStore {
     }
 
     fn reach(&self) -> Reach {
-        Reach::Host
+        self.reach
     }
 
     async fn put(&self, key: &BlobKey, mut data: ByteStream, _size: Option<u64>) -> Result<u64> {

@@ -716,12 +716,26 @@ pub async fn faults_unsafe_setups_fail_at_build(fx: &dyn Fixture) {
         env.snapshot_spec(),
     ));
     assert!(guard.contains("InProcessGuard"), "{guard}");
-    build(env.states.clone(), file_guard, env.snapshot_spec()).expect("a durable set-up");
-    let distributed = SandboxManager::builder(client)
+    build(env.states.clone(), file_guard.clone(), env.snapshot_spec()).expect("a durable set-up");
+    let distributed = SandboxManager::builder(client.clone())
         .state_store(env.states.clone())
         .require_distributed()
         .build();
     assert!(matches!(distributed, Err(Error::InvalidInput { .. })));
+    // One call sets the shared parts; each must be shared by every host.
+    let shared_dir = Arc::new(crate::snapshot::LocalDirSnapshotStore::shared_by_all_hosts(
+        env.dir.path().join("nfs"),
+    ));
+    let one_host = culprit(
+        SandboxManager::builder(client)
+            .distributed(
+                crate::manager::Distributed::new(file_guard, env.states.clone())
+                    .snapshots(shared_dir),
+            )
+            .config(SandboxConfig::new(spec()))
+            .build(),
+    );
+    assert!(one_host.contains("FileStateStore"), "{one_host}");
     assert_eq!(env.states.reach(), Reach::Host);
 }
 
