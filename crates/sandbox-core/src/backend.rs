@@ -160,9 +160,12 @@ pub trait SandboxClient: Send + Sync + fmt::Debug + 'static {
     /// What this backend supports.
     fn capabilities(&self) -> Capabilities;
 
-    /// Make a new box (not yet booted). With a key, a backend with deterministic names may
-    /// find and adopt an existing box of that name that it owns, and must refuse one it does
-    /// not own with [`Error::Conflict`].
+    /// Make a new box (not yet booted). With a key and [`Persistence::Keep`], a backend with
+    /// deterministic names may find and adopt an existing box of that name that it owns, and
+    /// must refuse one it does not own with [`Error::Conflict`]. An [`Persistence::Ephemeral`]
+    /// box is the call's alone: it gets an identity of its own, so a box left behind by a call
+    /// that died or whose work could not be saved is never picked up by a later call (that
+    /// one restores the stored snapshot), and `gc` removes it.
     async fn create(&self, request: CreateRequest<'_>) -> Result<Box<dyn BoxHandle>>;
 
     /// Reattach to the box `state` describes. The box may be gone; [`BoxHandle::boot`] then
@@ -179,6 +182,10 @@ pub trait SandboxClient: Send + Sync + fmt::Debug + 'static {
     /// Every box that carries this client's owner mark (labels, a marker file), whatever its
     /// state: what one backend-independent `gc` walks ([`crate::SandboxManager::gc`]).
     async fn list_owned(&self) -> Result<Vec<OwnedBox>>;
+
+    /// The id, as [`list_owned`](Self::list_owned) reports it, of the box `state` describes
+    /// (so `gc` keeps the box a stored state points at, and only that one).
+    fn box_id(&self, state: &dyn SandboxState) -> Result<String>;
 
     /// Remove the owned box `id` (from [`list_owned`](Self::list_owned)), checking the owner
     /// mark again first. Removing what is already gone is not an error.

@@ -646,10 +646,26 @@ impl SandboxManager {
         Ok(report)
     }
 
+    /// Whether `key`'s stored state points at the box `id` (an unreadable state counts as
+    /// pointing at it: never remove what might be current).
+    async fn stored_state_describes(&self, key: &IsolationKey, id: &str) -> Result<bool> {
+        let Some(json) = self.inner.states.load(key).await? else {
+            return Ok(false);
+        };
+        let described = state_from_json(&json).and_then(|s| self.inner.client.box_id(&*s));
+        Ok(match described {
+            Ok(described) => described == id,
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "unreadable stored state: keeping its key's boxes");
+                true
+            }
+        })
+    }
+
     /// Remove leftover boxes of this client: every owned box ([`SandboxClient::list_owned`])
     /// older than [`BoxGcOptions::older_than`] whose key no call holds (the guard is tried, not
-    /// waited for) and no stored state describes — boxes whose call crashed, or whose work
-    /// could not be saved and was never recovered — and every box past its expiry (the
+    /// waited for) and that its key's stored state does not point at — boxes whose call
+    /// crashed, or whose work could not be saved (parked) — and every box past its expiry (the
     /// backend's maximum age) whose key no call holds, state or not (the next call restores
     /// it from its snapshot). With [`BoxGcOptions::snapshots`], also collect the snapshot
     /// store, never retiring a snapshot a stored state references.
@@ -673,7 +689,9 @@ impl SandboxManager {
                         report.boxes_in_use += 1;
                         continue;
                     }
-                    Some(lease) if !expired && inner.states.load(&key).await?.is_some() => {
+                    Some(lease)
+                        if !expired && self.stored_state_describes(&key, &owned.id).await? =>
+                    {
                         drop(lease);
                         report.boxes_kept += 1;
                         continue;
@@ -977,12 +995,12 @@ impl CallInner {
             Ok(json) => report.state_json = Some(json),
             Err(e) => keep(e),
         }
-        // 2. persist. The state's snapshot reference changes only with a successful stop, so
-        //    the stored state always points at a complete snapshot. After a failed stop it
-        //    still points at the previous one, but it is saved all the same: it binds the key
-        //    to this box, which holds the unsaved work, so the next call warm-starts from it
-        //    (and restores the previous snapshot should the box be lost).
-        if let (true, Some(json), Some(key)) = (should_persist, &report.state_json, &self.key) {
+        // 2. persist, only after a successful stop: the stored state always points at a
+        //    complete snapshot, and a call whose snapshot failed never becomes current (the
+        //    next call continues from the previous state).
+        if let (true, Some(_), Some(json), Some(key)) =
+            (should_persist, &report.stop, &report.state_json, &self.key)
+        {
             match self.save_state(key, json).await {
                 Ok(()) => {
                     report.persisted = true;

@@ -16,8 +16,8 @@ use bollard::query_parameters::{
 };
 use futures::StreamExt;
 use sandbox_core::{
-    Capabilities, CommonState, CreateRequest, Error, ExecFeatures, IsolationKey, OwnedBox, Result,
-    SandboxClient, SandboxState, WorkspaceSpec, async_trait,
+    Capabilities, CommonState, CreateRequest, Error, ExecFeatures, IsolationKey, OwnedBox,
+    Persistence, Result, SandboxClient, SandboxState, WorkspaceSpec, async_trait,
 };
 
 use crate::BACKEND;
@@ -385,7 +385,16 @@ impl DockerClient {
         self.shared.ensure_image(&self.shared.options.image).await
     }
 
-    /// The deterministic container name for `key`.
+    /// A container name of its own for one call's ephemeral box of `key`.
+    fn ephemeral_name(&self, key: &IsolationKey) -> String {
+        format!(
+            "{}-{}",
+            self.container_name(key),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        )
+    }
+
+    /// The deterministic container name for `key` (of its kept box).
     pub fn container_name(&self, key: &IsolationKey) -> String {
         format!("{}-{}", self.shared.options.name_prefix, key.digest())
     }
@@ -571,8 +580,11 @@ impl SandboxClient for DockerClient {
     async fn create(&self, request: CreateRequest<'_>) -> Result<Box<dyn sandbox_core::BoxHandle>> {
         let shared = &self.shared;
         let key = request.key.cloned();
+        // Only a kept container is found again by its key's name; an ephemeral one is the
+        // call's alone (a container left by a call that died is never reused).
         let name = match &key {
-            Some(k) => self.container_name(k),
+            Some(k) if shared.options.persistence == Persistence::Keep => self.container_name(k),
+            Some(k) => self.ephemeral_name(k),
             None => format!(
                 "{}-anon-{}",
                 shared.options.name_prefix,
@@ -603,22 +615,31 @@ impl SandboxClient for DockerClient {
         spec: &WorkspaceSpec,
     ) -> Result<Box<dyn sandbox_core::BoxHandle>> {
         let s = state.downcast::<DockerState>(BACKEND)?;
-        let mut config = self.config_for(
-            spec,
-            s.container_name.clone(),
-            s.key.clone(),
-            Some(s.extra_mounts.clone()),
-        )?;
+        // An ephemeral box did not outlive its call (or holds a call's unsaved work, or was
+        // left by a call that died): never continue in it. A container of its own; the
+        // workspace comes back from the snapshot.
+        let ephemeral = self.shared.options.persistence == Persistence::Ephemeral;
+        let name = match (&s.key, ephemeral) {
+            (Some(k), true) => self.ephemeral_name(k),
+            _ => s.container_name.clone(),
+        };
+        let mut config =
+            self.config_for(spec, name, s.key.clone(), Some(s.extra_mounts.clone()))?;
         // The box keeps the root and image it was made with.
         config.root = s.common.workspace_root.clone();
         check_root(&config.root)?;
         check_mounts_outside(&config.root, &config.extra)?;
         config.image = s.image.clone();
         config.persistence = self.shared.options.persistence;
+        let known = if ephemeral {
+            None
+        } else {
+            s.container_id.clone()
+        };
         Ok(Box::new(DockerBox::new(
             self.shared.clone(),
             config,
-            s.container_id.clone(),
+            known,
             false,
         )))
     }
@@ -644,6 +665,13 @@ impl SandboxClient for DockerClient {
                 .expires(ms(labels::EXPIRES_AT))
             })
             .collect())
+    }
+
+    fn box_id(&self, state: &dyn SandboxState) -> Result<String> {
+        Ok(state
+            .downcast::<DockerState>(BACKEND)?
+            .container_name
+            .clone())
     }
 
     async fn remove_owned(&self, id: &str) -> Result<()> {

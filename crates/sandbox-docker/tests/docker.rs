@@ -91,7 +91,8 @@ async fn engine_down_is_unavailable_and_persists_nothing() {
 #[tokio::test]
 #[cfg_attr(not(docker_tests), ignore = "needs Docker; run by cargo xtask test")]
 async fn foreign_container_name_is_a_conflict() {
-    let (c, _sweep) = client(options(BUSYBOX));
+    // A kept box has the key's name (an ephemeral one a name of its own per call).
+    let (c, _sweep) = client(options(BUSYBOX).persistence(Persistence::Keep));
     let k = key("taken");
     let name = c.container_name(&k);
     foreign(&name, HashMap::new()).await;

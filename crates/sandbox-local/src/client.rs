@@ -156,9 +156,12 @@ impl SandboxClient for LocalClient {
     async fn create(&self, request: CreateRequest<'_>) -> Result<Box<dyn BoxHandle>> {
         bind_links(request.spec)?;
         let base = self.base_dir().await?;
+        // Only a kept box is found again by its key; an ephemeral one is the call's alone.
         let name = match request.key {
-            Some(key) => format!("k-{}", key.digest()),
-            None => format!("b-{}", uuid::Uuid::new_v4()),
+            Some(key) if self.options.persistence == sandbox_core::Persistence::Keep => {
+                format!("k-{}", key.digest())
+            }
+            _ => format!("b-{}", uuid::Uuid::new_v4()),
         };
         let box_dir = base.join(name);
         let key = request.key.map(|k| k.as_str().to_owned());
@@ -179,6 +182,13 @@ impl SandboxClient for LocalClient {
         bind_links(spec)?;
         let base = self.base_dir().await?;
         check_box_dir(&state.box_dir, &base)?;
+        if self.options.persistence == sandbox_core::Persistence::Ephemeral {
+            // An ephemeral box did not outlive its call (or holds a call's unsaved work, or
+            // was left by a call that died): never continue in it. A box of its own; the
+            // workspace comes back from the snapshot.
+            let box_dir = base.join(format!("b-{}", uuid::Uuid::new_v4()));
+            return Ok(Box::new(self.open(box_dir, state.key.clone(), spec)?));
+        }
         // The directory may be gone (boot recreates it); if it is there it must be ours.
         check_owner(state.box_dir.clone(), state.key.clone()).await?;
         Ok(Box::new(self.open(
@@ -213,6 +223,16 @@ impl SandboxClient for LocalClient {
         })
         .await
         .map_err(|e| Error::backend(BACKEND, "list_owned", e.to_string()))?
+    }
+
+    fn box_id(&self, state: &dyn SandboxState) -> Result<String> {
+        let state = state.downcast::<LocalState>(BACKEND)?;
+        state
+            .box_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_owned)
+            .ok_or_else(|| Error::invalid("local state", "the box directory has no name"))
     }
 
     async fn remove_owned(&self, id: &str) -> Result<()> {

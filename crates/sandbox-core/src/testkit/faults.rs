@@ -414,8 +414,16 @@ pub async fn faults_fault_sweep(fx: &dyn Fixture) -> usize {
                     );
                 }
             }
-            // Nothing the closure wrote is lost, saved or not (the kept box has it).
-            let wrote = wrote.unwrap_or_default();
+            // What the closure wrote is current if its state was saved — or, for a kept box,
+            // always (the box itself goes on); an ephemeral call whose work could not be
+            // saved never becomes current: the next call continues from the previous state.
+            let current =
+                persistence == Persistence::Keep || report.as_ref().is_some_and(|r| r.persisted);
+            let wrote = if current {
+                wrote.unwrap_or_default()
+            } else {
+                Wrote::default()
+            };
             let expect = (
                 tagged(if wrote.exec { "v2" } else { "v1" }),
                 tagged(if wrote.file { "w2" } else { "w1" }),

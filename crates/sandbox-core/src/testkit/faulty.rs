@@ -206,6 +206,10 @@ impl SandboxClient for FaultyClient {
         self.inner.list_owned().await
     }
 
+    fn box_id(&self, state: &dyn SandboxState) -> Result<String> {
+        self.inner.box_id(state)
+    }
+
     async fn remove_owned(&self, id: &str) -> Result<()> {
         self.script.step("client.remove_owned").await?;
         self.inner.remove_owned(id).await

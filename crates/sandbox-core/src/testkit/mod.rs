@@ -741,28 +741,46 @@ pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
         .expect_err("the snapshot fails");
     assert!(matches!(err.error, Error::Unavailable { .. }), "{err}");
     let report = err.report.expect("the report comes with the error");
-    // The state was saved without a new snapshot: it binds the key to the kept box.
-    assert!(report.parked && report.stop.is_none(), "{report:?}");
+    assert!(
+        report.parked && report.stop.is_none() && !report.persisted,
+        "{report:?}"
+    );
     assert!(report.state_json.is_some(), "the state JSON is not lost");
     // The stored state still points at the first, complete snapshot...
-    let stored = env.states.load(&key_of(&m, &ctx)).await.expect("load");
+    let key = key_of(&m, &ctx);
+    let stored = env.states.load(&key).await.expect("load");
     assert_eq!(
         snapshot_of(stored.as_deref()),
         snapshot_of(first.state_json.as_deref())
     );
-    let snap = snapshot_of(stored.as_deref()).expect("a snapshot");
-    crate::snapshot::load_manifest(&env.snapshot_spec(), &snap)
-        .await
-        .expect("the stored state's snapshot is intact");
+    // ...and the failed call's box is kept aside (its work is in it), out of the next call's
+    // way: that one restores the stored snapshot.
+    let parked = state_from_json(report.state_json.as_deref().expect("state")).expect("state");
+    let parked_id = m.client().box_id(&*parked).expect("box id");
+    let owned = m.client().list_owned().await.expect("list");
+    assert!(owned.iter().any(|b| b.id == parked_id), "{owned:?}");
     failing.heal();
-    // ...and the box that holds the failed call's work was kept: the next call finds it.
     let r = call(&m, &ctx, |sb| async move {
-        assert_eq!(read(&sb, "g.txt").await.as_deref(), Some("lost\n"));
-        assert!(read(&sb, "big.bin").await.is_some());
+        assert_eq!(read(&sb, "g.txt").await.as_deref(), Some("good\n"));
+        assert_eq!(read(&sb, "big.bin").await, None);
     })
     .await;
-    assert_eq!(branch(&r), StartBranch::Warm);
-    assert!(r.persisted);
+    assert_eq!(branch(&r), StartBranch::RestoreEphemeral);
+    // gc removes the parked box (once old enough; here at once), never the current one.
+    let gc = m
+        .gc(crate::manager::BoxGcOptions::default().older_than(Duration::ZERO))
+        .await
+        .expect("gc");
+    assert!(gc.boxes_removed.contains(&parked_id), "{gc:?}");
+    assert!(
+        !m.client()
+            .list_owned()
+            .await
+            .expect("list")
+            .iter()
+            .any(|b| b.id == parked_id),
+        "the parked box is gone"
+    );
     let leftovers: Vec<_> = env
         .snapshots
         .list_all("")
