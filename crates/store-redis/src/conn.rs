@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, ServerErrorKind, Value};
 use sandbox_core::{Error, Result};
-use tokio::sync::OnceCell;
+use std::sync::Mutex;
 
 use crate::options::RedisOptions;
 
@@ -24,11 +24,12 @@ pub(crate) enum Damage {
     Kv,
 }
 
-/// A store's connection: created on first use, reconnected by `redis`'s manager after a
-/// failure (the failed call is reported, the next one waits for the new connection).
+/// A store's connection: created on first use, reconnected by `redis`'s manager after an I/O
+/// failure (the failed call is reported, the next one waits for the new connection), and
+/// replaced after failures the manager would keep returning (see [`Conn::run`]).
 pub(crate) struct Conn {
     client: redis::Client,
-    manager: OnceCell<ConnectionManager>,
+    manager: Mutex<Option<ConnectionManager>>,
     /// `redis at host:port`: names the service in errors, never with credentials.
     service: String,
     /// Texts scrubbed from every message taken from `redis` (the password, decoded and as
@@ -43,7 +44,7 @@ impl fmt::Debug for Conn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Conn")
             .field("service", &self.service)
-            .field("connected", &self.manager.initialized())
+            .field("started", &self.lock().is_some())
             .finish_non_exhaustive()
     }
 }
@@ -107,7 +108,7 @@ impl Conn {
         Ok(Conn {
             service: format!("redis at {}", info.addr()),
             client,
-            manager: OnceCell::new(),
+            manager: Mutex::new(None),
             secrets,
             connect_timeout: options.connect_timeout,
             response_timeout: options.response_timeout,
@@ -120,18 +121,33 @@ impl Conn {
         &self.service
     }
 
-    async fn manager(&self) -> std::result::Result<ConnectionManager, RedisError> {
-        self.manager
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.response_timeout))
-                    // One attempt per call: callers retry retryable errors at their level.
-                    .set_number_of_retries(0);
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            })
-            .await
-            .cloned()
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<ConnectionManager>> {
+        // Nothing panics while holding it; a poisoned lock still holds a valid manager.
+        self.manager.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn manager(&self) -> std::result::Result<ConnectionManager, RedisError> {
+        let mut slot = self.lock();
+        if let Some(manager) = &*slot {
+            return Ok(manager.clone());
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            // One attempt per call: callers retry retryable errors at their level.
+            .set_number_of_retries(0);
+        // Lazy: no I/O here; the first command connects.
+        let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), config)?;
+        *slot = Some(manager.clone());
+        Ok(manager)
+    }
+
+    /// Drop the manager, so the next call starts a new one. `redis`'s manager reconnects by
+    /// itself only after I/O errors: a connection attempt refused for another reason (the
+    /// server still loading its data after a restart, credentials changed and changed back)
+    /// would otherwise be returned to every later call.
+    fn reset(&self) {
+        self.lock().take();
     }
 
     /// Run `call` on the connection within the time limits; convert its error.
@@ -144,13 +160,21 @@ impl Conn {
         // this one only guarantees the call ends.
         let budget = self.connect_timeout + self.response_timeout;
         let work = async {
-            let conn = self.manager().await?;
+            let conn = self.manager()?;
             call(conn).await
         };
         let result = match tokio::time::timeout(budget, work).await {
             Ok(Ok(value)) => return Ok(value),
-            Ok(Err(e)) => self.error(operation, &e),
-            Err(_) => self.timeout(operation, budget),
+            Ok(Err(e)) => {
+                if needs_new_manager(&e) {
+                    self.reset();
+                }
+                self.error(operation, &e)
+            }
+            Err(_) => {
+                self.reset();
+                self.timeout(operation, budget)
+            }
         };
         tracing::debug!(operation, error = %result, "redis call failed");
         Err(result)
@@ -251,6 +275,16 @@ impl Conn {
             },
         }
     }
+}
+
+/// Errors after which the manager is replaced (it would not reconnect by itself).
+fn needs_new_manager(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        redis::ErrorKind::AuthenticationFailed
+            | redis::ErrorKind::Parse
+            | redis::ErrorKind::Server(ServerErrorKind::BusyLoading | ServerErrorKind::NoPerm)
+    ) || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
 }
 
 /// The password as written in the URL (still percent-encoded), if any.
