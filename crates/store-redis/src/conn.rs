@@ -342,6 +342,19 @@ pub(crate) fn glob_escape(text: &str) -> String {
     out
 }
 
+/// The first line of every script: Redis 7 script flags (none given), so the server refuses
+/// the whole script while it is out of memory instead of failing a write half-way (scripts
+/// are not rolled back), and refuses undeclared keys the same way in a cluster.
+pub(crate) const SHEBANG: &str = "#!lua\n";
+
+/// `is(key, type)`: the key holds `type` or nothing.
+pub(crate) const LUA_TYPES: &str = r#"
+local function is(key, kind)
+  local t = redis.call('TYPE', key)['ok']
+  return t == kind or t == 'none'
+end
+"#;
+
 /// Lua helpers shared by the scripts: fences and versions are canonical decimal strings
 /// (compared exactly, never as Lua numbers, which are doubles).
 pub(crate) const LUA_DECIMALS: &str = r#"

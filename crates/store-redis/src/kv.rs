@@ -9,15 +9,21 @@ use redis::{Script, Value};
 use sandbox_core::{Error, Result};
 use sandbox_fs::{KvEntry, KvStore, Precondition, Version, Versioned};
 
-use crate::conn::{Conn, Damage, strings};
+use crate::conn::{Conn, Damage, LUA_TYPES, SHEBANG, strings};
 use crate::options::RedisOptions;
 
 /// Put ARGV[3] at the entry KEYS[1] if the precondition ARGV[1] (`any`, `absent`,
 /// `version` = ARGV[2]) holds: a new version from the namespace's counter KEYS[3], the key
-/// ARGV[4] added to the namespace's index KEYS[2].
+/// ARGV[4] added to the namespace's index KEYS[2]. Redis does not roll a failed script back,
+/// so every check comes before the first write (types included: a command refused for a
+/// key's type half-way would leave an entry without its index member).
 static PUT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{SHEBANG}{LUA_TYPES}{}",
         r#"
+if not (is(KEYS[1], 'hash') and is(KEYS[2], 'zset') and is(KEYS[3], 'string')) then
+  return {'damaged', 'a key of the namespace holds another type of value'}
+end
 local current = redis.call('HGET', KEYS[1], 'ver')
 if (ARGV[1] == 'absent' and current) or (ARGV[1] == 'version' and current ~= ARGV[2]) then
   return {'conflict', current or ''}
@@ -27,15 +33,19 @@ local version = redis.call('GET', KEYS[3])
 redis.call('HSET', KEYS[1], 'v', ARGV[3], 'ver', version)
 redis.call('ZADD', KEYS[2], 0, ARGV[4])
 return {'ok', version}
-"#,
-    )
+"#
+    ))
 });
 
 /// Remove the entry KEYS[1] and its key ARGV[3] from the index KEYS[2] if the precondition
 /// ARGV[1] (`any`, `version` = ARGV[2]) holds; reply how many entries went.
 static DELETE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{SHEBANG}{LUA_TYPES}{}",
         r#"
+if not (is(KEYS[1], 'hash') and is(KEYS[2], 'zset')) then
+  return {'damaged', 'a key of the namespace holds another type of value'}
+end
 if ARGV[1] == 'version' then
   local current = redis.call('HGET', KEYS[1], 'ver')
   if current ~= ARGV[2] then return {'conflict', current or ''} end
@@ -43,8 +53,8 @@ end
 local removed = redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[3])
 return {'ok', tostring(removed)}
-"#,
-    )
+"#
+    ))
 });
 
 /// The shared-store mode's [`KvStore`] in Redis; see the crate docs for the key design.
@@ -217,6 +227,7 @@ impl KvStore for RedisKvStore {
             Some([conflict, current]) if conflict == "conflict" => {
                 Err(Self::conflict(namespace, key, expected, current))
             }
+            Some([damaged, what]) if damaged == "damaged" => Err(self.conn.damaged("kv put", what)),
             _ => Err(self.conn.unexpected("kv put", &reply)),
         }
     }
@@ -249,6 +260,9 @@ impl KvStore for RedisKvStore {
             Some([ok, removed]) if ok == "ok" => Ok(removed != "0"),
             Some([conflict, current]) if conflict == "conflict" => {
                 Err(Self::conflict(namespace, key, expected, current))
+            }
+            Some([damaged, what]) if damaged == "damaged" => {
+                Err(self.conn.damaged("kv delete", what))
             }
             _ => Err(self.conn.unexpected("kv delete", &reply)),
         }

@@ -9,13 +9,13 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 use sandbox_core::{Error, IsolationKey, Reach, Result, StateStore};
 
-use crate::conn::{Conn, Damage, LUA_DECIMALS, glob_escape, strings};
+use crate::conn::{Conn, Damage, LUA_DECIMALS, SHEBANG, glob_escape, strings};
 use crate::options::RedisOptions;
 
 /// Raise the fence (KEYS[1]) to the granted token ARGV[1], or number the holder (`''`).
 static FENCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{LUA_DECIMALS}{}",
+        "{SHEBANG}{LUA_DECIMALS}{}",
         r#"
 local current = redis.call('GET', KEYS[1])
 if current and not canonical(current) then return {'damaged'} end
@@ -38,7 +38,7 @@ return {'ok', granted}
 /// ARGV[4] == `delete`) the state KEYS[2] if the token ARGV[1] passes the fence KEYS[1].
 static WRITE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{LUA_DECIMALS}{}",
+        "{SHEBANG}{LUA_DECIMALS}{}",
         r#"
 local current = redis.call('GET', KEYS[1])
 if current then

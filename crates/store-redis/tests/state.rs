@@ -58,13 +58,8 @@ async fn keys_carry_their_isolation_key_as_hash_tag() {
     let k = key("erin");
     s.fence(&k, Some(3)).await.unwrap();
     s.save(&k, "{}", Some(3)).await.unwrap();
+    let names = common::keys_under(&options.url, &options.key_prefix).await;
     let mut c = raw(&options.url).await;
-    let mut names: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}*", options.key_prefix))
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    names.sort();
     let p = &options.key_prefix;
     assert_eq!(
         names,

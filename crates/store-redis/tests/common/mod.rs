@@ -156,3 +156,28 @@ pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
         .await
         .unwrap()
 }
+
+/// Every key under `prefix` (`SCAN`, as the stores do; never `KEYS`).
+pub async fn keys_under(url: &str, prefix: &str) -> Vec<String> {
+    let mut c = raw(url).await;
+    let mut cursor = 0u64;
+    let mut out = Vec::new();
+    loop {
+        let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        out.extend(names);
+        if next == 0 {
+            out.sort();
+            out.dedup();
+            return out;
+        }
+        cursor = next;
+    }
+}
