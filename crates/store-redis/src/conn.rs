@@ -343,8 +343,7 @@ pub(crate) fn glob_escape(text: &str) -> String {
 }
 
 /// The first line of every script: Redis 7 script flags (none given), so the server refuses
-/// the whole script while it is out of memory instead of failing a write half-way (scripts
-/// are not rolled back), and refuses undeclared keys the same way in a cluster.
+/// the whole script, before it runs, while it is out of memory (scripts are not rolled back).
 pub(crate) const SHEBANG: &str = "#!lua\n";
 
 /// `is(key, type)`: the key holds `type` or nothing.

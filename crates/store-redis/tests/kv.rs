@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{free_port, raw};
-use sandbox_core::{Error, ErrorKind};
+use sandbox_core::{Error, ErrorKind, StateStore as _};
 use sandbox_fs::{KvStore, Precondition};
 use store_redis::{RedisKvStore, RedisOptions, testkit};
 
@@ -343,4 +343,62 @@ async fn damaged_entries_and_a_missing_server_are_typed_errors() {
         assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
         assert!(!format!("{err} {err:?} {gone:?}").contains(secret));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(redis_tests), ignore = "needs Redis; run by cargo xtask test")]
+async fn a_server_out_of_memory_refuses_whole_writes() {
+    let server = common::Server::start(&["--save", "", "--appendonly", "no"]);
+    let options = RedisOptions::new(server.url(None)).key_prefix("t:");
+    let kv = store(&options);
+    let states = store_redis::RedisStateStore::new(options.clone()).unwrap();
+    let k = sandbox_core::testkit::states::key("rita");
+    let v1 = kv
+        .put("ns", "k", "one".into(), Precondition::Absent)
+        .await
+        .unwrap();
+    // Fill the server past a memory limit that forbids eviction.
+    let mut c = raw(&options.url).await;
+    let _: () = redis::cmd("SET")
+        .arg("ballast")
+        .arg(vec![7u8; 4 << 20])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1mb")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let err = kv
+        .put("ns", "k", "two".into(), Precondition::Version(v1))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("OOM"), "{err}");
+    assert!(states.save(&k, "{}", None).await.is_err());
+    assert!(states.fence(&k, None).await.is_err());
+    // Reads still work, and show that nothing was written.
+    let got = kv.get("ns", "k").await.unwrap().unwrap();
+    assert_eq!((&got.value[..], got.version), (&b"one"[..], v1));
+    assert_eq!(states.load(&k).await.unwrap(), None);
+    let counter: Option<String> = redis::cmd("GET")
+        .arg("t:kv:{ns}:seq")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(counter, Some(v1.to_string()), "no version was taken");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    kv.put("ns", "k", "two".into(), Precondition::Version(v1))
+        .await
+        .expect("writes again once memory is back");
 }
