@@ -158,7 +158,7 @@ impl Conn {
     {
         // Waiting for a connection and the command each have their limit inside `redis`;
         // this one only guarantees the call ends.
-        let budget = self.connect_timeout + self.response_timeout;
+        let budget = self.connect_timeout.saturating_add(self.response_timeout);
         let work = async {
             let conn = self.manager()?;
             call(conn).await

@@ -45,9 +45,11 @@ async fn fences_hold_across_replicas() {
         .collect();
     states::concurrent_registrations(&replicas).await;
     // Another prefix is another deployment: it does not see these fences.
-    let other = store(&testkit::options());
+    let elsewhere = testkit::options();
+    let other = store(&elsewhere);
     assert_eq!(other.fence(&key("carol"), None).await.unwrap(), 1);
     testkit::purge(&options).await.unwrap();
+    testkit::purge(&elsewhere).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
