@@ -322,109 +322,35 @@ fn list_dir(root: &Path, dir: &Path, prefix: &str, out: &mut Vec<IsolationKey>) 
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
-    use crate::isolation::{CallContext, IsolationScope};
-
-    fn key(user: &str) -> IsolationKey {
-        IsolationKey::resolve(IsolationScope::User, &CallContext::new("a").user(user)).unwrap()
-    }
-
-    async fn contract(store: &dyn StateStore) {
-        let (alice, bob) = (key("alice"), key("bob"));
-        assert_eq!(store.load(&alice).await.unwrap(), None);
-        assert_eq!(store.fence(&alice, Some(5)).await.unwrap(), 5);
-        store.save(&alice, "{\"v\":1}", Some(5)).await.unwrap();
-        // An unfenced key takes saves without a token.
-        store.save(&bob, "{\"v\":9}", None).await.unwrap();
-        assert_eq!(
-            store.load(&alice).await.unwrap().as_deref(),
-            Some("{\"v\":1}")
-        );
-        let err = store.save(&alice, "{\"v\":0}", Some(4)).await.unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::StaleLease {
-                    token: 4,
-                    current: 5,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert_eq!(
-            store.load(&alice).await.unwrap().as_deref(),
-            Some("{\"v\":1}"),
-            "stale save lost nothing"
-        );
-        assert!(
-            matches!(
-                store.save(&alice, "{}", None).await,
-                Err(Error::StaleLease { .. })
-            ),
-            "a fenced key refuses a save without a token"
-        );
-        // A newer holder registers before it reads: from then on the old token is refused,
-        // even though the newer holder has not saved anything yet.
-        assert!(matches!(
-            store.fence(&alice, Some(4)).await,
-            Err(Error::StaleLease { .. })
-        ));
-        assert_eq!(store.fence(&alice, Some(6)).await.unwrap(), 6);
-        assert!(store.save(&alice, "{\"v\":3}", Some(5)).await.is_err());
-        // A guard without tokens: the store numbers the holders.
-        assert_eq!(store.fence(&alice, None).await.unwrap(), 7);
-        assert!(store.save(&alice, "{\"v\":3}", Some(6)).await.is_err());
-        store.save(&alice, "{\"v\":2}", Some(7)).await.unwrap();
-        assert!(
-            store.delete(&alice, Some(6)).await.is_err(),
-            "a stale delete is refused"
-        );
-        let mut listed: Vec<String> = store
-            .list("")
-            .await
-            .unwrap()
-            .iter()
-            .map(|k| k.to_string())
-            .collect();
-        listed.sort();
-        assert_eq!(listed, vec![alice.to_string(), bob.to_string()]);
-        assert_eq!(
-            store.list("agents/a/users/b").await.unwrap(),
-            vec![bob.clone()]
-        );
-        store.delete(&alice, Some(7)).await.unwrap();
-        assert_eq!(store.load(&alice).await.unwrap(), None);
-        assert_eq!(
-            store.list("").await.unwrap(),
-            vec![bob.clone()],
-            "deleted states are not listed"
-        );
-        assert!(
-            store.save(&alice, "{}", Some(5)).await.is_err(),
-            "fence survives delete"
-        );
-        assert_eq!(
-            store.load(&bob).await.unwrap().as_deref(),
-            Some("{\"v\":9}")
-        );
-    }
+    use crate::testkit::states::{self, key};
 
     #[tokio::test]
     async fn memory_store() {
-        contract(&MemoryStateStore::new()).await;
+        let store = MemoryStateStore::new();
+        states::contract(&store).await;
+        states::shared_between(&store, &store).await;
+        let store: Arc<dyn StateStore> = Arc::new(store);
+        states::concurrent_registrations(&[store]).await;
     }
 
     #[tokio::test]
     async fn file_store() {
         let dir = tempfile::tempdir().unwrap();
-        contract(&FileStateStore::new(dir.path())).await;
+        states::contract(&FileStateStore::new(dir.path())).await;
         // A second instance sees the same data (another process, another replica on the host).
         let other = FileStateStore::new(dir.path());
         assert_eq!(
             other.load(&key("bob")).await.unwrap().as_deref(),
             Some("{\"v\":9}")
         );
+        states::shared_between(&FileStateStore::new(dir.path()), &other).await;
+        let instances: Vec<Arc<dyn StateStore>> = (0..3)
+            .map(|_| Arc::new(FileStateStore::new(dir.path())) as Arc<dyn StateStore>)
+            .collect();
+        states::concurrent_registrations(&instances).await;
     }
 
     #[tokio::test]

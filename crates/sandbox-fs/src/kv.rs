@@ -1,10 +1,10 @@
 //! The shared store of mode 1: [`KvStore`] (namespaced keys, integer versions,
 //! compare-and-set) and its in-memory implementation.
 //!
-//! The shape maps directly onto Redis: a namespace is a key prefix (or a hash per namespace), a
-//! version is an `INCR`-ed integer stored beside the value, a compare-and-set is a `WATCH`/`MULTI`
-//! transaction or a Lua script, and `list` is a `SCAN MATCH <ns>/<prefix>*` (or `HSCAN`) that
-//! never leaves the namespace.
+//! The shape maps directly onto Redis (crate `store-redis`, `RedisKvStore`): a namespace is a
+//! hash tag, a version is an `INCR`-ed per-namespace counter stored beside the value, a
+//! compare-and-set is one Lua script, and `list` is a `ZRANGEBYLEX` over the namespace's
+//! sorted-set index that never leaves the namespace.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -41,6 +41,13 @@ pub struct Versioned {
     pub version: Version,
 }
 
+impl Versioned {
+    /// A value at `version` (for [`KvStore`] implementations).
+    pub fn new(value: Bytes, version: Version) -> Self {
+        Versioned { value, version }
+    }
+}
+
 /// One key found by [`KvStore::list`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -51,6 +58,17 @@ pub struct KvEntry {
     pub version: Version,
     /// Size of the value in bytes.
     pub size: u64,
+}
+
+impl KvEntry {
+    /// A listed key (for [`KvStore`] implementations).
+    pub fn new(key: impl Into<String>, version: Version, size: u64) -> Self {
+        KvEntry {
+            key: key.into(),
+            version,
+            size,
+        }
+    }
 }
 
 /// A versioned key-value store with namespaces (the spec's `BaseStore`).

@@ -1,7 +1,8 @@
 //! One behaviour suite, run over every mode: local + shell, shared store (routed paths, and
-//! unrouted paths that fall through to local files), and sandbox over the real sandbox-local
-//! backend. Where the spec makes the modes differ (the shared store has no shell), the
-//! scenario asserts the documented difference.
+//! unrouted paths that fall through to local files; over the in-memory store, and over Redis
+//! when `SANDBOX_TEST_REDIS_URL` is set, as `cargo xtask test` does), and sandbox over the real
+//! sandbox-local backend. Where the spec makes the modes differ (the shared store has no
+//! shell), the scenario asserts the documented difference.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,8 +10,9 @@ use std::time::Duration;
 
 use sandbox_core::{Acquire, ActiveCall, CallContext, ErrorKind, SandboxManager};
 use sandbox_fs::{
-    EditRequest, FileKind, Filesystem, FilesystemExt as _, GlobOptions, GrepOptions, LocalFs,
-    LocalOptions, MemoryKvStore, ReadOptions, SandboxFs, SharedStore, SharedStoreOptions, Tools,
+    EditRequest, FileKind, Filesystem, FilesystemExt as _, GlobOptions, GrepOptions, KvStore,
+    LocalFs, LocalOptions, MemoryKvStore, ReadOptions, SandboxFs, SharedStore, SharedStoreOptions,
+    Tools,
 };
 use serde_json::json;
 
@@ -27,6 +29,8 @@ pub struct Fixture {
     /// A directory outside every root, holding `secret`.
     pub outside: PathBuf,
     call: Option<ActiveCall>,
+    /// The Redis key prefix to purge at the end (shared store over Redis).
+    redis: Option<store_redis::RedisOptions>,
     _tmp: tempfile::TempDir,
 }
 
@@ -53,6 +57,9 @@ impl Fixture {
         if let Some(call) = self.call.take() {
             call.finish().await.unwrap();
         }
+        if let Some(options) = self.redis.take() {
+            store_redis::testkit::purge(&options).await.unwrap();
+        }
     }
 }
 
@@ -75,16 +82,32 @@ async fn local() -> Fixture {
         base: "",
         outside: outside(tmp.path()),
         call: None,
+        redis: None,
         _tmp: tmp,
     }
 }
 
 async fn shared(base: &'static str) -> Fixture {
+    shared_over(Arc::new(MemoryKvStore::new()), None, base)
+}
+
+/// The shared store over Redis, under a key prefix of its own (purged by `close`).
+async fn shared_redis(base: &'static str) -> Fixture {
+    let options = store_redis::testkit::options();
+    let kv = Arc::new(store_redis::RedisKvStore::new(options.clone()).unwrap());
+    shared_over(kv, Some(options), base)
+}
+
+fn shared_over(
+    kv: Arc<dyn KvStore>,
+    redis: Option<store_redis::RedisOptions>,
+    base: &'static str,
+) -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let project = tmp.path().join("project");
     std::fs::create_dir_all(&project).unwrap();
     let store = SharedStore::new(
-        Arc::new(MemoryKvStore::new()),
+        kv,
         SharedStoreOptions::default().local(LocalOptions::default().project(&project)),
     )
     .unwrap();
@@ -96,6 +119,7 @@ async fn shared(base: &'static str) -> Fixture {
         base,
         outside: outside(tmp.path()),
         call: None,
+        redis,
         _tmp: tmp,
     }
 }
@@ -118,6 +142,7 @@ async fn sandbox() -> Fixture {
         link_dir: None,
         outside: outside(tmp.path()),
         call: Some(call),
+        redis: None,
         _tmp: tmp,
     }
 }
@@ -760,29 +785,43 @@ fn alive(pid: i32) -> bool {
 }
 
 macro_rules! suite {
-    ($mode:ident, $make:expr) => {
+    ($mode:ident, $make:expr $(, #[$attr:meta])*) => {
         mod $mode {
             use super::*;
-            suite!(@tests $make; write_then_read, read_window, read_missing_and_dirs,
-                edit_exact_strings, edit_keeps_line_endings, binary_roundtrip, list_entries,
-                glob_patterns, grep_search, delete_and_exists, move_files_and_dirs,
-                escapes_rejected, symlinks_cannot_lead_out, shell, tools_surface,
-                concurrent_edits_lose_nothing);
+            suite!(@tests $make; [$(#[$attr])*]; write_then_read, read_window,
+                read_missing_and_dirs, edit_exact_strings, edit_keeps_line_endings,
+                binary_roundtrip, list_entries, glob_patterns, grep_search, delete_and_exists,
+                move_files_and_dirs, escapes_rejected, symlinks_cannot_lead_out, shell,
+                tools_surface, concurrent_edits_lose_nothing);
         }
     };
-    (@tests $make:expr; $($name:ident),* $(,)?) => {
+    (@tests $make:expr; $attrs:tt; $($name:ident),* $(,)?) => {
         $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let fx = $make.await;
-                scenarios::$name(&fx).await;
-                fx.close().await;
-            }
+            suite!(@test $make; $attrs; $name);
         )*
+    };
+    (@test $make:expr; [$(#[$attr:meta])*]; $name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        $(#[$attr])*
+        async fn $name() {
+            let fx = $make.await;
+            scenarios::$name(&fx).await;
+            fx.close().await;
+        }
     };
 }
 
 suite!(local_mode, local());
 suite!(shared_store_routed, shared("memory/"));
 suite!(shared_store_unrouted, shared(""));
+suite!(
+    shared_store_redis_routed,
+    shared_redis("memory/"),
+    #[cfg_attr(not(redis_tests), ignore = "needs Redis; run by cargo xtask test")]
+);
+suite!(
+    shared_store_redis_unrouted,
+    shared_redis(""),
+    #[cfg_attr(not(redis_tests), ignore = "needs Redis; run by cargo xtask test")]
+);
 suite!(sandbox_mode_over_sandbox_local, sandbox());

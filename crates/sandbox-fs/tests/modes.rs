@@ -1,5 +1,7 @@
 //! Behaviour specific to one mode: the shared store's namespaces, two-layer reads and
-//! compare-and-set under many writers; the sandbox mode's per-call binding; the facade.
+//! compare-and-set under many writers (over the in-memory store, and over Redis when
+//! `SANDBOX_TEST_REDIS_URL` is set, as `cargo xtask test` does); the sandbox mode's per-call
+//! binding; the facade.
 
 use std::sync::Arc;
 
@@ -14,25 +16,66 @@ use serde_json::json;
 struct Shared {
     _tmp: tempfile::TempDir,
     workspace: std::path::PathBuf,
-    kv: Arc<MemoryKvStore>,
+    kv: Kv,
+}
+
+/// Where the shared data lives.
+enum Kv {
+    /// One in-memory store all replicas share.
+    Memory(Arc<MemoryKvStore>),
+    /// A Redis server: each replica connects on its own, under one key prefix.
+    Redis(store_redis::RedisOptions),
 }
 
 impl Shared {
     fn new() -> Shared {
+        Shared::over(Kv::Memory(Arc::new(MemoryKvStore::new())))
+    }
+
+    /// Over the test Redis, under a key prefix of its own (purged by `close`).
+    fn redis() -> Shared {
+        Shared::over(Kv::Redis(store_redis::testkit::options()))
+    }
+
+    fn over(kv: Kv) -> Shared {
         let tmp = tempfile::tempdir().unwrap();
         let workspace = tmp.path().join("ws");
         std::fs::create_dir_all(&workspace).unwrap();
         Shared {
             workspace,
-            kv: Arc::new(MemoryKvStore::new()),
+            kv,
             _tmp: tmp,
+        }
+    }
+
+    /// The in-memory store (for the scenarios that inspect it).
+    fn memory(&self) -> &MemoryKvStore {
+        match &self.kv {
+            Kv::Memory(kv) => kv,
+            Kv::Redis(_) => panic!("an in-memory scenario"),
+        }
+    }
+
+    /// The store one replica reaches the shared data through.
+    fn store(&self) -> Arc<dyn KvStore> {
+        match &self.kv {
+            Kv::Memory(kv) => kv.clone(),
+            Kv::Redis(options) => {
+                Arc::new(store_redis::RedisKvStore::new(options.clone()).unwrap())
+            }
+        }
+    }
+
+    async fn close(self) {
+        if let Kv::Redis(options) = &self.kv {
+            store_redis::testkit::purge(options).await.unwrap();
         }
     }
 
     /// One replica: its own `SharedStore` over the common KV and the common template dir.
     fn replica(&self, scope: IsolationScope) -> SharedStore {
         SharedStore::new(
-            self.kv.clone(),
+            self.store(),
             SharedStoreOptions::default()
                 .scope(scope)
                 .add_shared_prefix("prompts/")
@@ -77,7 +120,7 @@ async fn routed_paths_land_in_their_namespaces() {
     ] {
         fs.write(path, "x".into()).await.unwrap();
     }
-    let mut keys = s.kv.dump();
+    let mut keys = s.memory().dump();
     keys.sort();
     let want = [
         ("agents/cs/users/alice/extra/prompts", "greeting.txt"),
@@ -160,7 +203,7 @@ async fn scopes_and_anonymous_fallback_pick_the_namespace() {
     );
     assert_eq!(ns(IsolationScope::Global, None, None), "global/__global__");
     let custom = SharedStore::new(
-        s.kv.clone(),
+        s.store(),
         SharedStoreOptions::default()
             .anonymous_user_id("anonymous")
             .local(
@@ -181,9 +224,7 @@ async fn scopes_and_anonymous_fallback_pick_the_namespace() {
     );
 }
 
-#[tokio::test]
-async fn users_are_isolated_and_replicas_share() {
-    let s = Shared::new();
+async fn users_are_isolated_and_replicas_share(s: &Shared) {
     let a = s.replica(IsolationScope::User);
     let b = s.replica(IsolationScope::User);
     a.for_call(&ctx(Some("alice"), None))
@@ -213,9 +254,7 @@ async fn users_are_isolated_and_replicas_share() {
     );
 }
 
-#[tokio::test]
-async fn routed_reads_fall_back_to_the_local_template() {
-    let s = Shared::new();
+async fn routed_reads_fall_back_to_the_local_template(s: &Shared) {
     std::fs::write(s.workspace.join("AGENTS.md"), "template persona\n").unwrap();
     std::fs::create_dir_all(s.workspace.join("skills/review")).unwrap();
     std::fs::write(
@@ -269,9 +308,7 @@ async fn routed_reads_fall_back_to_the_local_template() {
     );
 }
 
-#[tokio::test]
-async fn many_writers_on_many_replicas_lose_no_update() {
-    let s = Shared::new();
+async fn many_writers_on_many_replicas_lose_no_update(s: &Shared) {
     let path = "memory/counter.md";
     s.replica(IsolationScope::Agent)
         .for_call(&ctx(None, None))
@@ -303,9 +340,8 @@ async fn many_writers_on_many_replicas_lose_no_update() {
     assert_eq!(text.lines().count(), writers + 1);
 }
 
-#[tokio::test]
-async fn a_blind_writer_cannot_overwrite_a_newer_version() {
-    let kv = MemoryKvStore::new();
+async fn a_blind_writer_cannot_overwrite_a_newer_version(s: &Shared) {
+    let kv = s.store();
     let v1 = kv
         .put("ns", "k", "one".into(), Precondition::Absent)
         .await
@@ -321,6 +357,40 @@ async fn a_blind_writer_cannot_overwrite_a_newer_version() {
     assert_eq!(&kv.get("ns", "k").await.unwrap().unwrap().value[..], b"two");
 }
 
+/// The scenarios above, on each store.
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let s = super::Shared::new();
+                    super::$name(&s).await;
+                    s.close().await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[cfg_attr(not(redis_tests), ignore = "needs Redis; run by cargo xtask test")]
+                async fn $name() {
+                    let s = super::Shared::redis();
+                    super::$name(&s).await;
+                    s.close().await;
+                }
+            )*
+        }
+    };
+}
+
+on_every_store!(
+    users_are_isolated_and_replicas_share,
+    routed_reads_fall_back_to_the_local_template,
+    many_writers_on_many_replicas_lose_no_update,
+    a_blind_writer_cannot_overwrite_a_newer_version,
+);
+
 #[tokio::test]
 async fn listings_scan_only_the_namespaces_they_need() {
     let s = Shared::new();
@@ -335,18 +405,18 @@ async fn listings_scan_only_the_namespaces_they_need() {
     let alice = store.for_call(&ctx(Some("alice"), None));
     alice.write("memory/a.md", "a".into()).await.unwrap();
     alice.write("knowledge/k.md", "k".into()).await.unwrap();
-    let before = s.kv.keys_scanned();
+    let before = s.memory().keys_scanned();
     let found = alice
         .glob("*.md", GlobOptions::default().base("memory"))
         .await
         .unwrap();
     assert_eq!(found.files.len(), 1);
-    let scanned = s.kv.keys_scanned() - before;
+    let scanned = s.memory().keys_scanned() - before;
     assert!(scanned <= 3, "a memory/ glob visited {scanned} keys");
-    let before = s.kv.keys_scanned();
+    let before = s.memory().keys_scanned();
     alice.walk("").await.unwrap();
     assert!(
-        s.kv.keys_scanned() - before <= 10,
+        s.memory().keys_scanned() - before <= 10,
         "a full walk of alice's view visits only her keys"
     );
 }

@@ -15,6 +15,12 @@ pub use sandbox_docker as docker;
 #[cfg(feature = "fs")]
 pub use sandbox_fs as fs;
 
+/// Redis stores (feature `redis`): [`RedisStateStore`](redis_store::RedisStateStore), the
+/// fenced state store every replica shares, and [`RedisKvStore`](redis_store::RedisKvStore),
+/// the shared-store filesystem's versioned key-value store.
+#[cfg(feature = "redis")]
+pub use store_redis as redis_store;
+
 /// The `type` tags of the backends this build of the facade links, sorted.
 ///
 /// Naming each backend crate here also keeps its state type linked, so state JSON written by

@@ -44,3 +44,13 @@ async fn local_state_round_trips_through_the_facade() {
     assert_eq!(back.typetag_name(), sandbox_harness::local::BACKEND);
     assert_eq!(state_to_json(&*back).unwrap(), json);
 }
+
+#[cfg(feature = "redis")]
+#[test]
+fn the_redis_state_store_reaches_many_hosts() {
+    use sandbox_harness::redis_store::{RedisOptions, RedisStateStore};
+    use sandbox_harness::{Reach, StateStore};
+    // No server is needed to build it: it connects on first use.
+    let store = RedisStateStore::new(RedisOptions::new("redis://127.0.0.1:6379")).unwrap();
+    assert_eq!(store.reach(), Reach::Cluster);
+}

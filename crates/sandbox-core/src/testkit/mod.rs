@@ -19,6 +19,7 @@ pub mod guards;
 pub mod logs;
 pub mod race;
 pub mod raw_tar;
+pub mod states;
 mod stores;
 
 use std::sync::Arc;
