@@ -253,7 +253,7 @@ impl Inner {
                 Err(_) => return Err(error::timeout(&self.service, op, budget)),
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(e)) if !resent && e.is_connection_dropped() => {
-                    tracing::debug!(service = %self.service, op, error = %e, "connection dropped; sending again");
+                    tracing::debug!(service = %self.service, op, error = %e, "connection lost; sending once more");
                     resent = true;
                 }
                 Ok(Err(e)) => return Err(error::from_redis(&self.service, op, budget, e)),
