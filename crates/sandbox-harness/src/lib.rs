@@ -15,6 +15,11 @@ pub use sandbox_docker as docker;
 #[cfg(feature = "fs")]
 pub use sandbox_fs as fs;
 
+/// The distributed execution guard: leases per isolation key in Redis, with fencing tokens
+/// (feature `redis`).
+#[cfg(feature = "redis")]
+pub use guard_redis as redis_guard;
+
 /// The `type` tags of the backends this build of the facade links, sorted.
 ///
 /// Naming each backend crate here also keeps its state type linked, so state JSON written by
