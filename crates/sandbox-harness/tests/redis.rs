@@ -60,6 +60,7 @@ async fn replicas_serialize_calls_on_one_key() {
     const CALLS: usize = 6;
     let dir = tempfile::tempdir().unwrap();
     let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let sweep = Sweep(prefix.clone());
     let replicas = [
         replica(dir.path(), &prefix).await,
         replica(dir.path(), &prefix).await,
@@ -93,14 +94,36 @@ async fn replicas_serialize_calls_on_one_key() {
         .value;
     assert_eq!(n.trim(), CALLS.to_string(), "an increment was lost");
 
-    // The guard's keys: leases are gone (released), fence counters are swept here.
-    let client = redis::Client::open(std::env::var("SANDBOX_TEST_REDIS_URL").unwrap()).unwrap();
-    let mut con = client.get_connection().unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query(&mut con)
-        .unwrap();
-    assert!(keys.iter().all(|k| k.ends_with(":fence")), "{keys:?}");
+    // The guard's keys: the lease is gone (released), the fence counter stays.
+    let keys = sweep.keys();
     assert_eq!(keys.len(), 1, "one key was used: {keys:?}");
-    redis::cmd("DEL").arg(&keys).exec(&mut con).unwrap();
+    assert!(keys[0].ends_with(":fence"), "{keys:?}");
+}
+
+/// Deletes the keys under a test's prefix when the test ends, passed or failed.
+struct Sweep(String);
+
+impl Sweep {
+    fn con() -> redis::Connection {
+        let url = std::env::var("SANDBOX_TEST_REDIS_URL").expect("SANDBOX_TEST_REDIS_URL");
+        redis::Client::open(url)
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+            .expect("the test Redis")
+    }
+
+    fn keys(&self) -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(format!("{}*", self.0))
+            .query(&mut Sweep::con())
+            .expect("KEYS")
+    }
+}
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        let keys = self.keys();
+        if !keys.is_empty() {
+            let _ = redis::cmd("DEL").arg(&keys).exec(&mut Sweep::con());
+        }
+    }
 }
