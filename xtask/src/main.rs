@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask test`, `cargo xtask bench <name>`.
+//! Project tasks: `cargo xtask test`, `cargo xtask redis-test`, `cargo xtask bench <name>`.
 //!
 //! `test` runs everything CI runs: formatting, lints, every test, and the quickstart. Services
 //! that tests need are started here (and stopped by a drop guard, also on failure); a service
@@ -12,10 +12,11 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test(),
         Some("images") => docker_images(),
+        Some("redis-test") => redis_test(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("help") | None => {
             println!(
-                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker ones included), the quickstart\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [W]  snapshot engine vs GNU tar (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json"
+                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [W]  snapshot engine vs GNU tar (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json"
             );
             Ok(())
         }
@@ -47,11 +48,13 @@ fn test() -> Result<(), String> {
     )?;
     cargo_deny()?;
     docker_test_preflight()?;
-    run_env(
-        "cargo",
-        &["test", "--workspace", "--all-features"],
-        &docker_test_env(),
-    )?;
+    // Stopped when it goes out of scope: after the tests, or at the first failure.
+    let redis = RedisService::start()?;
+    let mut env = docker_test_env();
+    env.extend(redis.test_env());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    run_env("cargo", &["test", "--workspace", "--all-features"], &env)?;
+    drop(redis);
     run("cargo", &["run", "--quiet", "--example", "quickstart"])?;
     println!("xtask test: all passed in {:.0?}", started.elapsed());
     Ok(())
@@ -162,8 +165,8 @@ const DEBIAN_SUITE: &str = "bookworm";
 const DEBIAN_PACKAGES: &str = "python3,procps";
 
 /// Environment of the test run: the Docker tests are selected by `SANDBOX_TEST_DOCKER=1`.
-fn docker_test_env() -> Vec<(&'static str, &'static str)> {
-    vec![("SANDBOX_TEST_DOCKER", "1")]
+fn docker_test_env() -> Vec<(&'static str, String)> {
+    vec![("SANDBOX_TEST_DOCKER", "1".to_owned())]
 }
 
 /// Under `cargo xtask test` the Docker tests always run: the engine must answer and the
@@ -305,6 +308,154 @@ fn bench_docker() -> Result<(), String> {
     run_env(
         "cargo",
         &["bench", "-p", "sandbox-docker", "--bench", "docker"],
-        &docker_test_env(),
+        &[("SANDBOX_TEST_DOCKER", "1")],
     )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis: a server of our own for the tests (guard-redis, and the Redis stores).
+
+/// `cargo xtask redis-test ARGS`: `cargo test ARGS` with the test Redis running.
+fn redis_test(args: &[String]) -> Result<(), String> {
+    let redis = RedisService::start()?;
+    let env = redis.test_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut cmd = vec!["test"];
+    cmd.extend(args.iter().map(String::as_str));
+    run_env("cargo", &cmd, &env)
+}
+
+/// A `redis-server` started for the test run on a free loopback port, in a temporary
+/// directory, persisting nothing. Killed (by the pid we started) and waited for on drop, so it
+/// stops after the tests and on every failure path.
+struct RedisService {
+    child: std::process::Child,
+    port: u16,
+    program: String,
+    dir: std::path::PathBuf,
+}
+
+impl RedisService {
+    /// Install the Debian package if `redis-server` is missing, start it and wait until it
+    /// answers `PING`. A port taken between our probe and the server's bind is retried on
+    /// another; a server that cannot start fails the task (the Redis tests are never skipped).
+    fn start() -> Result<RedisService, String> {
+        let program = ensure_tool("redis-server", "redis-server")?;
+        let mut last = String::new();
+        for _ in 0..5 {
+            match RedisService::try_start(&program) {
+                Ok(service) => {
+                    println!(
+                        "xtask: redis-server (pid {}) ready on 127.0.0.1:{}",
+                        service.child.id(),
+                        service.port
+                    );
+                    return Ok(service);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(format!(
+            "the test Redis did not start (the Redis tests cannot be skipped): {last}"
+        ))
+    }
+
+    fn try_start(program: &str) -> Result<RedisService, String> {
+        let port = free_port()?;
+        let dir = std::env::temp_dir().join(format!("xtask-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let log = dir.join("redis.log");
+        let child = Command::new(program)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--logfile")
+            .arg(&log)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run {program}: {e}"))?;
+        // From here on the guard owns the process: an early return kills it.
+        let mut service = RedisService {
+            child,
+            port,
+            program: program.to_owned(),
+            dir,
+        };
+        service.wait_ready().map_err(|e| {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            format!("{e}\n{log}")
+        })?;
+        Ok(service)
+    }
+
+    /// Poll `PING` (RESP inline command) every 20 ms for up to 10 s.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "redis-server on port {} exited: {status}",
+                    self.port
+                ));
+            }
+            if ping(self.port) {
+                return Ok(());
+            }
+            if started.elapsed() > std::time::Duration::from_secs(10) {
+                return Err(format!(
+                    "redis-server on port {} never answered PING",
+                    self.port
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// The variables that select and configure the Redis tests.
+    fn test_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "SANDBOX_TEST_REDIS_URL",
+                format!("redis://127.0.0.1:{}", self.port),
+            ),
+            // For tests that stop and restart servers of their own.
+            ("SANDBOX_TEST_REDIS_SERVER", self.program.clone()),
+        ]
+    }
+}
+
+impl Drop for RedisService {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        println!("xtask: redis-server on port {} stopped", self.port);
+    }
+}
+
+/// A loopback port free right now (bound to port 0, then released).
+fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("cannot bind a loopback port: {e}"))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("cannot read the bound port: {e}"))
+}
+
+/// Whether a Redis answers `PONG` on the loopback `port`.
+fn ping(port: u16) -> bool {
+    use std::io::{BufRead as _, Write as _};
+    let timeout = std::time::Duration::from_millis(500);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&addr, timeout) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(timeout));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut line = String::new();
+    std::io::BufReader::new(stream).read_line(&mut line).is_ok() && line.starts_with("+PONG")
 }

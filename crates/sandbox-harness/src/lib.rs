@@ -15,6 +15,10 @@ pub use sandbox_docker as docker;
 #[cfg(feature = "fs")]
 pub use sandbox_fs as fs;
 
+/// The distributed execution guard: leases per isolation key in Redis, with fencing tokens
+/// (feature `redis`).
+#[cfg(feature = "redis")]
+pub use guard_redis as redis_guard;
 /// Redis stores (feature `redis`): [`RedisStateStore`](redis_store::RedisStateStore), the
 /// fenced state store every replica shares, and [`RedisKvStore`](redis_store::RedisKvStore),
 /// the shared-store filesystem's versioned key-value store.
