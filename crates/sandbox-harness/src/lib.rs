@@ -25,6 +25,33 @@ pub use guard_redis as redis_guard;
 #[cfg(feature = "redis")]
 pub use store_redis as redis_store;
 
+/// The parts many replicas share, on one Redis (feature `redis`): a
+/// [`RedisGuard`](redis_guard::RedisGuard) and a
+/// [`RedisStateStore`](redis_store::RedisStateStore) at `url`, with their default options, for
+/// [`SandboxManagerBuilder::distributed`] (add the snapshot store with
+/// [`Distributed::snapshots`]). Connects lazily: the first call that needs Redis reports it
+/// unreachable as [`Error::Unavailable`]. Build [`Distributed`] yourself for other options.
+///
+/// ```no_run
+/// # fn demo(client: std::sync::Arc<dyn sandbox_harness::SandboxClient>) -> sandbox_harness::Result<()> {
+/// use std::sync::Arc;
+/// use sandbox_harness::snapshot::LocalDirSnapshotStore;
+/// use sandbox_harness::{SandboxManager, redis_distributed};
+/// let shared = redis_distributed("redis://redis.internal:6379")?
+///     .snapshots(Arc::new(LocalDirSnapshotStore::shared_by_all_hosts("/mnt/nfs/snapshots")));
+/// let manager = SandboxManager::builder(client).distributed(shared).build()?;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "redis")]
+pub fn redis_distributed(url: &str) -> Result<Distributed> {
+    let guard = redis_guard::RedisGuard::open(url, redis_guard::RedisGuardOptions::default())?;
+    let states = redis_store::RedisStateStore::new(redis_store::RedisOptions::new(url))?;
+    Ok(Distributed::new(
+        std::sync::Arc::new(guard),
+        std::sync::Arc::new(states),
+    ))
+}
+
 /// The `type` tags of the backends this build of the facade links, sorted.
 ///
 /// Naming each backend crate here also keeps its state type linked, so state JSON written by

@@ -181,14 +181,15 @@ impl SandboxClient for LocalClient {
         let state = state.downcast::<LocalState>(BACKEND)?;
         bind_links(spec)?;
         let base = self.base_dir().await?;
-        check_box_dir(&state.box_dir, &base)?;
         if self.options.persistence == sandbox_core::Persistence::Ephemeral {
             // An ephemeral box did not outlive its call (or holds a call's unsaved work, or
-            // was left by a call that died): never continue in it. A box of its own; the
-            // workspace comes back from the snapshot.
+            // was left by a call that died), and may have lived on another host: never
+            // continue in it. A box of its own here; the workspace comes back from the
+            // snapshot. (The state's directory is not touched, so it needs no check.)
             let box_dir = base.join(format!("b-{}", uuid::Uuid::new_v4()));
             return Ok(Box::new(self.open(box_dir, state.key.clone(), spec)?));
         }
+        check_box_dir(&state.box_dir, &base)?;
         // The directory may be gone (boot recreates it); if it is there it must be ours.
         check_owner(state.box_dir.clone(), state.key.clone()).await?;
         Ok(Box::new(self.open(
