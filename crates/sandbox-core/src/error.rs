@@ -217,6 +217,8 @@ impl Error {
     /// Never retry a non-idempotent call (create, exec) on this alone.
     pub fn is_retryable(&self) -> bool {
         matches!(self.kind(), ErrorKind::Timeout | ErrorKind::Unavailable)
+            // A call whose lease was lost wrote nothing: run it again later.
+            || matches!(self, Error::LeaseLost { .. })
     }
 
     /// An I/O error on `path`.

@@ -1023,7 +1023,13 @@ impl CallInner {
         // 4. the box: a call whose work was not saved keeps it.
         if !self.from.user_managed() {
             if self.lease_lost() {
-                keep(self.lost_error("before releasing the box"));
+                // The box may be the next holder's now: leave it (to `gc`). The call itself
+                // failed only if its state was not saved before the loss.
+                if report.persisted {
+                    tracing::warn!(key = ?self.key, "the lease was lost after the state was saved: the box is left to gc");
+                } else {
+                    keep(self.lost_error("before releasing the box"));
+                }
             } else {
                 let unsaved = report.stop.is_none() || (should_persist && !report.persisted);
                 let started = Instant::now();

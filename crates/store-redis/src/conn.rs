@@ -150,10 +150,14 @@ impl Conn {
         self.lock().take();
     }
 
-    /// Run `call` on the connection within the time limits; convert its error.
+    /// Run `call` on the connection within the time limits; convert its error. A call that
+    /// failed because the connection had dropped (a server restarted since the last call) is
+    /// sent once more on the reconnected connection: every call of the stores is idempotent
+    /// (fenced writes, compare-and-set scripts; a repeated `INCR` of a fence only skips a
+    /// number).
     pub(crate) async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: Fn(ConnectionManager) -> Fut,
         Fut: Future<Output = std::result::Result<T, RedisError>>,
     {
         // Waiting for a connection and the command each have their limit inside `redis`;
@@ -161,7 +165,13 @@ impl Conn {
         let budget = self.connect_timeout.saturating_add(self.response_timeout);
         let work = async {
             let conn = self.manager()?;
-            call(conn).await
+            match call(conn.clone()).await {
+                Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                    tracing::debug!(operation, error = %self.scrub(&e.to_string()), "connection dropped: sending once more");
+                    call(conn).await
+                }
+                r => r,
+            }
         };
         let result = match tokio::time::timeout(budget, work).await {
             Ok(Ok(value)) => return Ok(value),
@@ -178,6 +188,11 @@ impl Conn {
         };
         tracing::debug!(operation, error = %result, "redis call failed");
         Err(result)
+    }
+
+    /// The longest a call may take before its caller gives up (see [`run`](Self::run)).
+    pub(crate) fn budget(&self) -> Duration {
+        self.connect_timeout.saturating_add(self.response_timeout)
     }
 
     /// Whether the server answers.

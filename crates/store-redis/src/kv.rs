@@ -173,6 +173,7 @@ impl KvStore for RedisKvStore {
     #[tracing::instrument(level = "debug", name = "redis_kv_get", skip_all, fields(namespace = %namespace, key = %key))]
     async fn get(&self, namespace: &str, key: &str) -> Result<Option<Versioned>> {
         let entry = self.names(namespace).entry(key);
+        let entry = &entry;
         let (value, version): (Option<Vec<u8>>, Option<String>) = self
             .conn
             .run("kv get", |mut c| async move {
@@ -208,6 +209,7 @@ impl KvStore for RedisKvStore {
         let (mode, want) = precondition(expected)?;
         let names = self.names(namespace);
         let (entry, index, counter) = (names.entry(key), names.index(), names.counter());
+        let (entry, index, counter, value, want) = (&entry, &index, &counter, &value, &want);
         let reply: Value = self
             .conn
             .run("kv put", |mut c| async move {
@@ -243,6 +245,7 @@ impl KvStore for RedisKvStore {
         let (mode, want) = precondition(expected)?;
         let names = self.names(namespace);
         let (entry, index) = (names.entry(key), names.index());
+        let (entry, index, want) = (&entry, &index, &want);
         let reply: Value = self
             .conn
             .run("kv delete", |mut c| async move {
@@ -285,6 +288,7 @@ impl KvStore for RedisKvStore {
         let mut out = Vec::new();
         loop {
             let (index, lo, hi, page) = (names.index(), min.clone(), max.clone(), self.page_size);
+            let (index, lo, hi) = (&index, &lo, &hi);
             let members: Vec<Vec<u8>> = self
                 .conn
                 .run("kv list", |mut c| async move {
@@ -321,6 +325,7 @@ impl KvStore for RedisKvStore {
                 pipe.cmd("HGET").arg(&entry).arg("ver");
                 pipe.cmd("HSTRLEN").arg(&entry).arg("v");
             }
+            let pipe = &pipe;
             let details: Vec<(Option<String>, u64)> = self
                 .conn
                 .run("kv list", |mut c| async move {

@@ -12,10 +12,20 @@ use sandbox_core::{Error, IsolationKey, Reach, Result, StateStore};
 use crate::conn::{Conn, Damage, LUA_DECIMALS, SHEBANG, glob_escape, strings};
 use crate::options::RedisOptions;
 
-/// Raise the fence (KEYS[1]) to the granted token ARGV[1], or number the holder (`''`).
+/// The server's clock in milliseconds, for the deadlines of writes.
+const LUA_NOW: &str = r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"#;
+
+/// Raise the fence (KEYS[1]) to the granted token ARGV[1], or number the holder (`''`). An
+/// `ok` answer also carries the server's clock (ms), so that the store can give the holder's
+/// writes a deadline in the server's time.
 static FENCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{SHEBANG}{LUA_DECIMALS}{}",
+        "{SHEBANG}{LUA_DECIMALS}{LUA_NOW}{}",
         r#"
 local current = redis.call('GET', KEYS[1])
 if current and not canonical(current) then return {'damaged'} end
@@ -25,21 +35,24 @@ if granted == '' then
     return {'overflow', current}
   end
   redis.call('INCR', KEYS[1])
-  return {'ok', redis.call('GET', KEYS[1])}
+  return {'ok', redis.call('GET', KEYS[1]), tostring(now_ms())}
 end
 if current and below(granted, current) then return {'stale', current} end
 redis.call('SET', KEYS[1], granted)
-return {'ok', granted}
+return {'ok', granted, tostring(now_ms())}
 "#
     ))
 });
 
 /// Write (ARGV[2], with expiry ARGV[3] ms unless `''`) or remove (ARGV[2] == `''` and
-/// ARGV[4] == `delete`) the state KEYS[2] if the token ARGV[1] passes the fence KEYS[1].
+/// ARGV[4] == `delete`) the state KEYS[2] if the token ARGV[1] passes the fence KEYS[1] — and,
+/// unless ARGV[5] is `''`, only before the deadline ARGV[5] (server ms): a write that reaches
+/// a server after its caller gave up (a stalled server, a slow network) does nothing.
 static WRITE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{SHEBANG}{LUA_DECIMALS}{}",
+        "{SHEBANG}{LUA_DECIMALS}{LUA_NOW}{}",
         r#"
+if ARGV[5] ~= '' and now_ms() > tonumber(ARGV[5]) then return {'expired'} end
 local current = redis.call('GET', KEYS[1])
 if current then
   if not canonical(current) then return {'damaged'} end
@@ -64,6 +77,10 @@ pub struct RedisStateStore {
     prefix: String,
     ttl_ms: Option<u64>,
     scan_count: usize,
+    /// The server's clock minus ours (ms), as last seen by `fence`: turns a write's local
+    /// deadline into the server's time. (Measured within a round trip: a deadline so
+    /// computed errs early, the safe side.)
+    clock_offset_ms: std::sync::Mutex<Option<i64>>,
 }
 
 impl fmt::Debug for RedisStateStore {
@@ -96,6 +113,7 @@ impl RedisStateStore {
             prefix: options.key_prefix,
             ttl_ms,
             scan_count: options.scan_count,
+            clock_offset_ms: std::sync::Mutex::new(None),
         })
     }
 
@@ -127,7 +145,14 @@ impl RedisStateStore {
     ) -> Result<()> {
         let token = fence.map(|t| t.to_string()).unwrap_or_default();
         let ttl = self.ttl_ms.map(|t| t.to_string()).unwrap_or_default();
+        // When the caller will have given up, in the server's time (when that is known).
+        let offset = *self.clock_offset_ms.lock().expect("clock");
+        let deadline = offset
+            .map(|o| (local_ms() + self.conn.budget().as_millis() as i64 + o).to_string())
+            .unwrap_or_default();
         let (fence_key, state_key) = (self.fence_key(key), self.state_key(key));
+        let (fence_key, state_key, token, ttl, deadline) =
+            (&fence_key, &state_key, &token, &ttl, &deadline);
         let reply: Value = self
             .conn
             .run(operation, |mut c| async move {
@@ -142,12 +167,19 @@ impl RedisStateStore {
                     } else {
                         "delete"
                     })
+                    .arg(deadline)
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
         match strings(&reply).as_deref() {
             Some([ok]) if ok == "ok" => Ok(()),
+            // It arrived after its caller gave up (who therefore saw a timeout): nothing was
+            // written. Said as the timeout it is.
+            Some([expired]) if expired == "expired" => Err(Error::Timeout {
+                operation: format!("redis {operation} (reached the server after its deadline)"),
+                after: self.conn.budget(),
+            }),
             Some([stale, current]) if stale == "stale" => Err(self.stale(key, fence, current)?),
             Some([damaged]) if damaged == "damaged" => Err(self.damaged_fence(operation, key)),
             _ => Err(self.conn.unexpected(operation, &reply)),
@@ -174,11 +206,19 @@ impl RedisStateStore {
     }
 }
 
+/// This host's clock, ms since the epoch.
+fn local_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 #[async_trait]
 impl StateStore for RedisStateStore {
     #[tracing::instrument(level = "debug", name = "redis_state_load", skip_all, fields(key = %key))]
     async fn load(&self, key: &IsolationKey) -> Result<Option<String>> {
         let state_key = self.state_key(key);
+        let state_key = &state_key;
         let bytes: Option<Vec<u8>> = self
             .conn
             .run("load", |mut c| async move {
@@ -199,6 +239,7 @@ impl StateStore for RedisStateStore {
     async fn fence(&self, key: &IsolationKey, granted: Option<u64>) -> Result<u64> {
         let fence_key = self.fence_key(key);
         let arg = granted.map(|t| t.to_string()).unwrap_or_default();
+        let (fence_key, arg) = (&fence_key, &arg);
         let reply: Value = self
             .conn
             .run("fence", |mut c| async move {
@@ -206,7 +247,12 @@ impl StateStore for RedisStateStore {
             })
             .await?;
         match strings(&reply).as_deref() {
-            Some([ok, token]) if ok == "ok" => self.token(key, token),
+            Some([ok, token, server_ms]) if ok == "ok" => {
+                if let Ok(server_ms) = server_ms.parse::<i64>() {
+                    *self.clock_offset_ms.lock().expect("clock") = Some(server_ms - local_ms());
+                }
+                self.token(key, token)
+            }
             Some([stale, current]) if stale == "stale" => Err(self.stale(key, granted, current)?),
             Some([overflow, _]) if overflow == "overflow" => Err(Error::Backend {
                 backend: crate::conn::BACKEND,
@@ -240,7 +286,7 @@ impl StateStore for RedisStateStore {
         let mut found = BTreeSet::new();
         let mut cursor = "0".to_owned();
         loop {
-            let (pattern, count, at) = (pattern.clone(), self.scan_count, cursor.clone());
+            let (pattern, count, at) = (&pattern, self.scan_count, &cursor);
             let (next, names): (String, Vec<Vec<u8>>) = self
                 .conn
                 .run("list", |mut c| async move {

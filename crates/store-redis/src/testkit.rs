@@ -59,7 +59,7 @@ pub async fn purge(options: &RedisOptions) -> Result<u64> {
     let mut cursor = "0".to_owned();
     let mut removed = 0;
     loop {
-        let (at, pattern) = (cursor.clone(), pattern.clone());
+        let (at, pattern) = (&cursor, &pattern);
         let (next, names): (String, Vec<Vec<u8>>) = conn
             .run("purge", |mut c| async move {
                 redis::cmd("SCAN")
@@ -73,6 +73,7 @@ pub async fn purge(options: &RedisOptions) -> Result<u64> {
             })
             .await?;
         if !names.is_empty() {
+            let names = &names;
             removed += conn
                 .run("purge", |mut c| async move {
                     redis::cmd("UNLINK")
