@@ -169,7 +169,7 @@ fn replica_manager_with(
     } else {
         Arc::new(NoopGuard)
     };
-    let states = Arc::new(RedisStateStore::new(RedisOptions::new(url)).expect("state store"));
+    let states = Arc::new(RedisStateStore::new(store).expect("state store"));
     let snapshots = Arc::new(LocalDirSnapshotStore::shared_by_all_hosts(
         dir.join("snapshots"),
     ));

@@ -261,6 +261,13 @@ impl SandboxClient for LocalClient {
     async fn delete(&self, state: &dyn SandboxState) -> Result<()> {
         let state = state.downcast::<LocalState>(BACKEND)?;
         let base = self.base_dir().await?;
+        if state.persistence == sandbox_core::Persistence::Ephemeral
+            && state.box_dir.parent() != Some(base.as_path())
+        {
+            // An ephemeral box of another host (replica): it was removed when its call ended,
+            // or is that host's to collect. Nothing of it is here.
+            return Ok(());
+        }
         check_box_dir(&state.box_dir, &base)?;
         let (box_dir, key) = (state.box_dir.clone(), state.key.clone());
         tokio::task::spawn_blocking(move || {

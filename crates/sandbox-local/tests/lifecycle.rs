@@ -276,3 +276,50 @@ async fn manager_calls_restore_ephemeral_boxes_and_warm_start_kept_ones() {
         assert_eq!(out, "v1\nread me\n");
     }
 }
+
+/// Replicas with box directories of their own (as on their own hosts) continue each other's
+/// ephemeral boxes from snapshots, and either can delete the key.
+#[tokio::test]
+async fn ephemeral_states_move_between_hosts() {
+    use sandbox_core::{
+        CallContext, FileStateStore, IsolationScope, SandboxConfig, SandboxManager,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let replica = |host: &str| {
+        SandboxManager::builder(Arc::new(LocalClient::new(
+            LocalOptions::default()
+                .base_dir(dir.path().join(host))
+                .persistence(Persistence::Ephemeral),
+        )))
+        .state_store(Arc::new(FileStateStore::new(dir.path().join("states"))))
+        .scope(IsolationScope::User)
+        .config(
+            SandboxConfig::new(sandbox_core::WorkspaceSpec::default()).snapshots(
+                sandbox_core::SnapshotSpec::local_dir(dir.path().join("snapshots")),
+            ),
+        )
+        .build()
+        .unwrap()
+    };
+    let (a, b) = (replica("host-a"), replica("host-b"));
+    let ctx = CallContext::new("hosts").user("u");
+    a.call(&ctx, |sb| async move {
+        sb.handle()
+            .write_file(&rel("f.txt"), "from a\n".into(), 0o644)
+            .await
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    let seen = b
+        .call(&ctx, |sb| async move {
+            String::from_utf8(sb.handle().read_file(&rel("f.txt")).await.unwrap().to_vec()).unwrap()
+        })
+        .await
+        .unwrap()
+        .value;
+    assert_eq!(seen, "from a\n");
+    // The stored state names host b's box; host a deletes the key all the same.
+    let report = a.delete(&ctx).await.unwrap();
+    assert!(report.state && report.snapshots >= 1, "{report:?}");
+}
