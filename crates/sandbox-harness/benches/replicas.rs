@@ -91,7 +91,14 @@ fn driver() -> Result<(), String> {
     );
 
     println!("baseline: in-process guard + file state store ...");
-    let baseline = run_child(&exe, "baseline", &work.path().join("baseline"), None, calls, keys)?;
+    let baseline = run_child(
+        &exe,
+        "baseline",
+        &work.path().join("baseline"),
+        None,
+        calls,
+        keys,
+    )?;
 
     // Stopped by its drop: at the end, or at the first failure below.
     let server = RedisServer::start()?;
@@ -156,6 +163,15 @@ fn driver() -> Result<(), String> {
         commandstats_per_call: commands.iter().map(|c| c.executed).sum::<u64>() as f64
             / redis.calls as f64,
         round_trips_per_call: commands.iter().map(|c| c.from_clients).sum::<u64>() as f64
+            / redis.calls as f64,
+        round_trips_per_call_scripts_loaded: commands
+            .iter()
+            .map(|c| match c.command.as_str() {
+                "script" => 0,
+                "evalsha" => c.from_clients - c.failed,
+                _ => c.from_clients,
+            })
+            .sum::<u64>() as f64
             / redis.calls as f64,
         commands,
         scripts,
@@ -222,6 +238,9 @@ struct Report {
     commandstats_per_call: f64,
     /// Requests clients sent per call (round trips).
     round_trips_per_call: f64,
+    /// The same without the first use of each script by each connection (the `EVALSHA` refused
+    /// with `NOSCRIPT`, the `SCRIPT LOAD`): what a call costs once the scripts are loaded.
+    round_trips_per_call_scripts_loaded: f64,
     commands: Vec<CommandRow>,
     /// Scripts clients invoked, per script.
     scripts: Vec<ScriptRow>,
@@ -269,6 +288,9 @@ struct CommandRow {
     /// `INFO commandstats` delta: executed by the server, from clients and scripts.
     executed: u64,
     executed_per_call: f64,
+    /// `INFO commandstats` delta of `failed_calls` + `rejected_calls` (e.g. `EVALSHA` of a
+    /// script the server has not loaded yet: `NOSCRIPT`; the client then loads it).
+    failed: u64,
     /// Seen by MONITOR as sent by a client.
     from_clients: u64,
     /// Seen by MONITOR as run by a script.
@@ -276,18 +298,20 @@ struct CommandRow {
 }
 
 fn command_table(
-    before: &HashMap<String, u64>,
-    after: &HashMap<String, u64>,
+    before: &HashMap<String, (u64, u64)>,
+    after: &HashMap<String, (u64, u64)>,
     requests: &HashMap<(String, bool), u64>,
     calls: usize,
 ) -> Vec<CommandRow> {
     let base = |name: &str| name.split('|').next().unwrap_or(name).to_lowercase();
     let mut rows: BTreeMap<String, CommandRow> = BTreeMap::new();
-    for (name, n) in after {
-        let delta = n - before.get(name).copied().unwrap_or(0);
+    for (name, (n, failed)) in after {
+        let (n0, failed0) = before.get(name).copied().unwrap_or((0, 0));
         // The driver's own INFO calls are not the workload's.
-        if delta > 0 && base(name) != "info" {
-            entry(&mut rows, base(name)).executed += delta;
+        if n + failed > n0 + failed0 && base(name) != "info" {
+            let r = entry(&mut rows, base(name));
+            r.executed += n - n0;
+            r.failed += failed - failed0;
         }
     }
     for ((name, in_script), n) in requests {
@@ -311,6 +335,7 @@ fn entry(rows: &mut BTreeMap<String, CommandRow>, name: String) -> &mut CommandR
         command: name,
         executed: 0,
         executed_per_call: 0.0,
+        failed: 0,
         from_clients: 0,
         in_scripts: 0,
     })
@@ -331,9 +356,21 @@ fn print_report(r: &Report) {
     };
     line("calls/s", b.calls_per_s, x.calls_per_s);
     line("wall time s", b.wall_s, x.wall_s);
-    line("lease wait p50 ms", b.lease_wait_ms.p50, x.lease_wait_ms.p50);
-    line("lease wait p99 ms", b.lease_wait_ms.p99, x.lease_wait_ms.p99);
-    line("lease wait max ms", b.lease_wait_ms.max, x.lease_wait_ms.max);
+    line(
+        "lease wait p50 ms",
+        b.lease_wait_ms.p50,
+        x.lease_wait_ms.p50,
+    );
+    line(
+        "lease wait p99 ms",
+        b.lease_wait_ms.p99,
+        x.lease_wait_ms.p99,
+    );
+    line(
+        "lease wait max ms",
+        b.lease_wait_ms.max,
+        x.lease_wait_ms.max,
+    );
     line("report.acquire p50 ms", b.acquire_ms.p50, x.acquire_ms.p50);
     line("report.acquire p99 ms", b.acquire_ms.p99, x.acquire_ms.p99);
     line("call p50 ms", b.call_ms.p50, x.call_ms.p50);
@@ -350,10 +387,7 @@ fn print_report(r: &Report) {
         format!("{} / {}", b.cold_starts, b.restored_starts),
         format!("{} / {}", x.cold_starts, x.restored_starts)
     );
-    println!(
-        "{:<30} {:>12} {:>12}",
-        "failed calls", b.errors, x.errors
-    );
+    println!("{:<30} {:>12} {:>12}", "failed calls", b.errors, x.errors);
     println!(
         "{:<30} {:>12} {:>12}",
         "each key saw 1..=n once", b.serialized, x.serialized
@@ -363,21 +397,25 @@ fn print_report(r: &Report) {
         r.redis_server.version, r.redis_server.config, r.redis_server.peak_rss_kib
     );
     println!(
-        "Redis per call: {:.2} round trips (client requests, MONITOR), {:.2} commands executed \
-         (INFO commandstats, script-run commands included)\n",
-        r.round_trips_per_call, r.commandstats_per_call
+        "Redis per call: {:.2} round trips (client requests, MONITOR), {:.2} without loading \
+         the scripts (NOSCRIPT + SCRIPT LOAD); {:.2} commands executed (INFO commandstats, \
+         script-run commands included)\n",
+        r.round_trips_per_call, r.round_trips_per_call_scripts_loaded, r.commandstats_per_call
     );
     println!(
-        "{:<14} {:>10} {:>9} {:>13} {:>11}",
-        "command", "executed", "per call", "from clients", "in scripts"
+        "{:<14} {:>10} {:>9} {:>8} {:>13} {:>11}",
+        "command", "executed", "per call", "failed", "from clients", "in scripts"
     );
     for c in &r.commands {
         println!(
-            "{:<14} {:>10} {:>9.2} {:>13} {:>11}",
-            c.command, c.executed, c.executed_per_call, c.from_clients, c.in_scripts
+            "{:<14} {:>10} {:>9.2} {:>8} {:>13} {:>11}",
+            c.command, c.executed, c.executed_per_call, c.failed, c.from_clients, c.in_scripts
         );
     }
-    println!("\n{:>10} {:>9}  script invoked (sha, keys)", "invoked", "per call");
+    println!(
+        "\n{:>10} {:>9}  script invoked (sha, keys)",
+        "invoked", "per call"
+    );
     for s in &r.scripts {
         println!("{:>10} {:>9.2}  {}", s.invoked, s.per_call, s.script);
     }
@@ -665,7 +703,14 @@ impl RedisServer {
         let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
         let child = Command::new(program)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "everysec"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+            ])
             .args(["--maxmemory-policy", "noeviction", "--daemonize", "no"])
             .arg("--dir")
             .arg(dir.path())
@@ -769,19 +814,23 @@ impl Resp {
         }
     }
 
-    /// `INFO commandstats` as command name → `calls`.
-    fn commandstats(&mut self) -> Result<HashMap<String, u64>, String> {
+    /// `INFO commandstats` as command name → (`calls`, `failed_calls` + `rejected_calls`).
+    fn commandstats(&mut self) -> Result<HashMap<String, (u64, u64)>, String> {
         let info = self.command(&["INFO", "commandstats"])?;
         Ok(info
             .lines()
             .filter_map(|l| {
                 let (name, fields) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-                let calls = fields
-                    .split(',')
-                    .find_map(|f| f.strip_prefix("calls="))?
-                    .parse()
-                    .ok()?;
-                Some((name.to_owned(), calls))
+                let field = |key: &str| -> Option<u64> {
+                    fields
+                        .split(',')
+                        .find_map(|f| f.strip_prefix(key))?
+                        .parse()
+                        .ok()
+                };
+                let failed =
+                    field("failed_calls=").unwrap_or(0) + field("rejected_calls=").unwrap_or(0);
+                Some((name.to_owned(), (field("calls=")?, failed)))
             })
             .collect())
     }
@@ -821,7 +870,12 @@ impl Monitor {
             let mut line = String::new();
             loop {
                 line.clear();
-                if conn.stream.read_line(&mut line).map_err(|e| e.to_string())? == 0 {
+                if conn
+                    .stream
+                    .read_line(&mut line)
+                    .map_err(|e| e.to_string())?
+                    == 0
+                {
                     return Err("MONITOR connection closed".into());
                 }
                 // +1700000000.000000 [0 127.0.0.1:5555] "evalsha" "<sha>" "2" "<key>" …
