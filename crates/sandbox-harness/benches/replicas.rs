@@ -676,7 +676,7 @@ struct RedisServer {
     child: Child,
     port: u16,
     version: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl RedisServer {
@@ -724,12 +724,12 @@ impl RedisServer {
             child,
             port,
             version: String::new(),
-            _dir: dir,
+            dir,
         };
         let started = Instant::now();
         loop {
             if let Ok(Some(status)) = server.child.try_wait() {
-                let log = std::fs::read_to_string(server._dir.path().join("redis.log"))
+                let log = std::fs::read_to_string(server.dir.path().join("redis.log"))
                     .unwrap_or_default();
                 return Err(format!("redis-server exited ({status}): {log}"));
             }
