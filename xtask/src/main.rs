@@ -16,7 +16,7 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("help") | None => {
             println!(
-                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [W]  snapshot engine vs GNU tar (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json"
+                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [W]  snapshot engine vs GNU tar (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json"
             );
             Ok(())
         }
@@ -112,6 +112,7 @@ fn bench(args: &[String]) -> Result<(), String> {
             )
         }
         Some("docker") => bench_docker(),
+        Some("replicas") => bench_replicas(),
         Some("host") => {
             let out = workspace_root().join("target/bench");
             run_env(
@@ -121,7 +122,7 @@ fn bench(args: &[String]) -> Result<(), String> {
             )
         }
         other => Err(format!(
-            "unknown benchmark {other:?} (have: snapshot, docker, host)"
+            "unknown benchmark {other:?} (have: snapshot, docker, host, replicas)"
         )),
     }
 }
@@ -149,6 +150,30 @@ fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), Str
     } else {
         Err(format!("`{program} {}` failed ({status})", args.join(" ")))
     }
+}
+
+/// `cargo xtask bench replicas`: the Redis guard and state store under load, against the
+/// in-process guard and the file state store in the same run. The benchmark starts and stops
+/// its own `redis-server` (installed with apt when missing).
+fn bench_replicas() -> Result<(), String> {
+    let redis_server = ensure_tool("redis-server", "redis-server")?;
+    let out = workspace_root().join("target/bench");
+    run_env(
+        "cargo",
+        &[
+            "bench",
+            "--package",
+            "sandbox-harness",
+            "--features",
+            "redis",
+            "--bench",
+            "replicas",
+        ],
+        &[
+            ("SANDBOX_BENCH_OUT", out.to_str().expect("UTF-8 path")),
+            ("SANDBOX_TEST_REDIS_SERVER", &redis_server),
+        ],
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
