@@ -894,7 +894,12 @@ impl Monitor {
                     continue;
                 }
                 // Keys and hashes hold no quote; later arguments are not looked at.
-                let args: Vec<&str> = args.trim_end().split("\" \"").collect();
+                let args = args.trim_end();
+                let args: Vec<&str> = args
+                    .strip_suffix('"')
+                    .unwrap_or(args)
+                    .split("\" \"")
+                    .collect();
                 let command = args[0].to_lowercase();
                 if source != "lua" && (command == "evalsha" || command == "eval") {
                     *seen.scripts.entry(script_label(&args)).or_default() += 1;
