@@ -157,8 +157,11 @@ async fn a_paused_holder_loses_its_lease_to_a_higher_token() {
 async fn a_lease_taken_over_is_refused_at_renewal_and_its_release_spares_the_successor() {
     let prefix = Prefix::new();
     let key = guards::key("takeover");
-    let a_guard = RedisGuard::connect(&url(), options(&prefix)).await.unwrap();
-    let b_guard = RedisGuard::connect(&url(), options(&prefix)).await.unwrap();
+    // A TTL long enough that "at the first renewal" (1 s) and "at the deadline" (3 s) stay
+    // apart on a loaded machine.
+    let o = options(&prefix).lease_ttl(Duration::from_secs(3));
+    let a_guard = RedisGuard::connect(&url(), o.clone()).await.unwrap();
+    let b_guard = RedisGuard::connect(&url(), o).await.unwrap();
     let granted = Instant::now();
     let a = a_guard.enter(&key).await.unwrap();
     // Redis loses A's lease early (as after a failover), and B takes the key.
@@ -172,11 +175,11 @@ async fn a_lease_taken_over_is_refused_at_renewal_and_its_release_spares_the_suc
     assert!(b.token().unwrap() > a.token().unwrap());
     // A's next renewal (a third of the TTL in) is refused: lost well before its deadline.
     let signal = a.lost_signal();
-    tokio::time::timeout(Duration::from_secs(2), signal.cancelled())
+    tokio::time::timeout(Duration::from_secs(5), signal.cancelled())
         .await
         .expect("A's lost signal fires");
     assert!(
-        granted.elapsed() < Duration::from_millis(500),
+        granted.elapsed() < Duration::from_millis(2500),
         "refused at renewal, not at the deadline: {:?}",
         granted.elapsed()
     );
@@ -251,7 +254,7 @@ async fn a_closed_port_is_unavailable_at_once() {
             "{err}"
         );
         assert!(
-            started.elapsed() < Duration::from_secs(1),
+            started.elapsed() < Duration::from_secs(5),
             "attempt {attempt}: {:?}",
             started.elapsed()
         );
@@ -296,7 +299,7 @@ async fn a_server_that_dies_mid_hold() {
         .expect("the lease is lost");
     let at = granted.elapsed();
     assert!(
-        at >= Duration::from_millis(550) && at < Duration::from_millis(1200),
+        at >= Duration::from_millis(550) && at < Duration::from_secs(2),
         "lost at its deadline: {at:?}"
     );
     assert!(lease.is_lost());
@@ -307,7 +310,7 @@ async fn a_server_that_dies_mid_hold() {
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(err.is_retryable());
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
     );
@@ -340,7 +343,7 @@ async fn a_hung_server_times_out() {
         .expect("the lease is lost");
     let at = granted.elapsed();
     assert!(
-        at >= Duration::from_millis(550) && at < Duration::from_millis(1200),
+        at >= Duration::from_millis(550) && at < Duration::from_secs(2),
         "lost at its deadline: {at:?}"
     );
 
@@ -350,7 +353,7 @@ async fn a_hung_server_times_out() {
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
     assert!(err.is_retryable());
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
     );
