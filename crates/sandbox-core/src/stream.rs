@@ -35,6 +35,32 @@ pub fn once(bytes: impl Into<Bytes>) -> ByteStream {
     futures::stream::once(futures::future::ready(Ok(bytes.into()))).boxed()
 }
 
+/// The bytes `[offset, offset + len)` of `stream`: what comes before is read and dropped, and
+/// the input is no longer read once `len` bytes came (it may end earlier).
+pub fn slice(stream: ByteStream, offset: u64, len: u64) -> ByteStream {
+    futures::stream::unfold(
+        (stream, offset, len),
+        |(mut input, mut skip, mut left)| async move {
+            while left > 0 {
+                let mut chunk = match input.next().await? {
+                    Ok(chunk) => chunk,
+                    Err(e) => return Some((Err(e), (input, skip, 0))),
+                };
+                let cut = skip.min(chunk.len() as u64) as usize;
+                skip -= cut as u64;
+                let _ = chunk.split_to(cut);
+                chunk.truncate(left.min(chunk.len() as u64) as usize);
+                if !chunk.is_empty() {
+                    left -= chunk.len() as u64;
+                    return Some((Ok(chunk), (input, skip, left)));
+                }
+            }
+            None
+        },
+    )
+    .boxed()
+}
+
 /// Drain a stream into memory. Only for payloads known to be small (single files, manifests).
 pub async fn collect(stream: ByteStream, limit: usize) -> Result<Bytes> {
     collect_sized(stream, 0, limit).await
@@ -152,6 +178,47 @@ pub fn blocking_reader(stream: ByteStream) -> impl io::Read + Send + 'static {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+
+    #[tokio::test]
+    async fn slices_cross_chunk_boundaries_and_stop_reading() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let pieces = |sizes: &[usize]| -> ByteStream {
+            let mut at = 0;
+            let mut chunks = Vec::new();
+            for &n in sizes {
+                chunks.push(Ok(Bytes::copy_from_slice(&data[at..at + n])));
+                at += n;
+            }
+            // An error after the data: a slice that ends before it never reads it.
+            chunks.push(Err(Error::unsafe_archive("x", "read past the slice")));
+            futures::stream::iter(chunks).boxed()
+        };
+        let sizes = [1, 99, 300, 0, 250, 350];
+        for (offset, len) in [
+            (0, 1000),
+            (0, 1),
+            (1, 99),
+            (50, 500),
+            (399, 2),
+            (999, 1),
+            (0, 0),
+        ] {
+            let got = collect(slice(pieces(&sizes), offset, len), 1 << 20)
+                .await
+                .unwrap();
+            assert_eq!(
+                &got[..],
+                &data[offset as usize..(offset + len) as usize],
+                "{offset}+{len}"
+            );
+        }
+        // Past the end: what there is, then the input's own end (here its error).
+        assert!(
+            collect(slice(pieces(&sizes), 990, 20), 1 << 20)
+                .await
+                .is_err()
+        );
+    }
 
     #[tokio::test]
     async fn writer_to_stream_and_back() {

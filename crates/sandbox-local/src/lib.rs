@@ -6,6 +6,8 @@ mod fsutil;
 mod handle;
 mod options;
 mod state;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use client::LocalClient;
 pub use options::{EnvPolicy, LocalOptions, MINIMAL_LANG, MINIMAL_PATH};

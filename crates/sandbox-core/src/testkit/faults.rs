@@ -88,7 +88,7 @@ struct Rig {
 
 impl Rig {
     async fn new(fx: &dyn Fixture, persistence: Persistence, format: SnapshotFormat) -> Rig {
-        let env = Env::new();
+        let env = Env::of(fx).await;
         let script = Script::new();
         let guard = Arc::new(InProcessGuard::new());
         // A host directory mounted into the box: no restore, replace or release may touch it.
@@ -440,7 +440,7 @@ pub async fn faults_fault_sweep(fx: &dyn Fixture) -> usize {
 /// Two concurrent calls on one key with the builder's default guard run one after the other,
 /// and the second sees the first's work.
 pub async fn faults_same_key_concurrency(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = SandboxManager::builder(fx.client(Persistence::Ephemeral).await)
         .state_store(env.states.clone())
         .config(SandboxConfig::new(spec()).snapshots(env.snapshot_spec()))
@@ -485,7 +485,7 @@ pub async fn faults_same_key_concurrency(fx: &dyn Fixture) {
 /// A closure that never cancels: a state whose serialization fails is reported with the report,
 /// never hidden.
 pub async fn faults_unserializable_state_is_reported(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let script = Script::new();
     let client =
         Arc::new(FaultyClient::new(fx.client(Persistence::Ephemeral).await, script).poison_state());
@@ -517,7 +517,7 @@ pub async fn faults_unserializable_state_is_reported(fx: &dyn Fixture) {
 
 /// Stops whose state saves failed never retire the snapshot the stored state points at.
 pub async fn faults_retention_after_failed_saves(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let failing = Arc::new(FailingSaves::new(env.states.clone()));
     let m = SandboxManager::builder(fx.client(Persistence::Ephemeral).await)
         .state_store(failing.clone())
@@ -555,7 +555,7 @@ pub async fn faults_retention_after_failed_saves(fx: &dyn Fixture) {
 /// A chunked snapshot taken while GC runs reuses chunks of a parent that its retention retires
 /// before GC reads it: GC must still not sweep them.
 pub async fn faults_gc_interleaving(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env.manager(
         fx.client(Persistence::Ephemeral).await,
         IsolationScope::Session,
@@ -626,7 +626,7 @@ pub async fn faults_gc_interleaving(fx: &dyn Fixture) {
 
 /// Calls without an isolation key leave no snapshot behind: nothing could ever find it.
 pub async fn faults_unkeyed_calls_leave_no_snapshots(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env
         .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
         .await;
@@ -655,7 +655,7 @@ pub async fn faults_unkeyed_calls_leave_no_snapshots(fx: &dyn Fixture) {
 
 /// A request that needs an exec feature the backend lacks is refused, never half-run.
 pub async fn faults_missing_exec_features_are_refused(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let inner = fx.client(Persistence::Ephemeral).await;
     let mut caps = inner.capabilities();
     caps.exec.env = false;
@@ -689,7 +689,7 @@ pub async fn faults_missing_exec_features_are_refused(fx: &dyn Fixture) {
 
 /// The builder refuses set-ups that would lose work, naming the part at fault.
 pub async fn faults_unsafe_setups_fail_at_build(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let client = fx.client(Persistence::Ephemeral).await;
     let build = |states: Arc<dyn StateStore>,
                  guard: Arc<dyn SandboxExecutionGuard>,

@@ -11,6 +11,7 @@
 //! Scenarios only use POSIX `sh` utilities (`cat`, `echo`, `printf`, `test`, `sleep`, `kill`)
 //! inside the box, so they run on minimal images too.
 
+pub mod blobs;
 pub mod escapes;
 pub mod faults;
 pub mod faulty;
@@ -69,14 +70,59 @@ pub trait Fixture: Send + Sync + 'static {
         let _ = shared;
         self.client(persistence).await
     }
+
+    /// The snapshot store of a scenario whose temporary directory is `dir`: empty, and the
+    /// scenario's alone. The default is a local directory in `dir`; [`OnStore`] runs a
+    /// backend's scenarios on another store.
+    async fn snapshot_store(&self, dir: &std::path::Path) -> Arc<dyn SnapshotStore> {
+        Arc::new(LocalDirSnapshotStore::new(dir.join("snapshots")))
+    }
+}
+
+/// A store for each scenario: `make()` gives an empty one (a fresh key prefix, a new bucket
+/// directory).
+pub type MakeStore =
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, Arc<dyn SnapshotStore>> + Send + Sync>;
+
+/// `inner`'s backend with the snapshots of every scenario kept in a store that `make` gives:
+/// how a snapshot store runs the kit's snapshot scenarios
+/// ([`conformance_tests!`](crate::conformance_tests)`(snapshots: …)`).
+pub struct OnStore<F> {
+    /// The backend.
+    pub inner: F,
+    /// An empty store per scenario.
+    pub make: MakeStore,
+}
+
+#[async_trait]
+impl<F: Fixture> Fixture for OnStore<F> {
+    async fn client(&self, persistence: Persistence) -> Arc<dyn SandboxClient> {
+        self.inner.client(persistence).await
+    }
+
+    async fn lose_box(&self, state: &dyn SandboxState) {
+        self.inner.lose_box(state).await
+    }
+
+    async fn client_at(
+        &self,
+        persistence: Persistence,
+        shared: &std::path::Path,
+    ) -> Arc<dyn SandboxClient> {
+        self.inner.client_at(persistence, shared).await
+    }
+
+    async fn snapshot_store(&self, _dir: &std::path::Path) -> Arc<dyn SnapshotStore> {
+        (self.make)().await
+    }
 }
 
 /// Per-scenario environment: temporary stores and unique names.
 pub struct Env {
     /// Temporary directory holding the stores and the host projection root.
     pub dir: tempfile::TempDir,
-    /// Snapshot store (local directory).
-    pub snapshots: Arc<LocalDirSnapshotStore>,
+    /// Snapshot store (a local directory in `dir`, or the fixture's: [`Env::of`]).
+    pub snapshots: Arc<dyn SnapshotStore>,
     /// State store (files), shared by every manager of the scenario.
     pub states: Arc<FileStateStore>,
     /// A unique agent name.
@@ -84,10 +130,22 @@ pub struct Env {
 }
 
 impl Env {
-    /// Fresh stores under a new temporary directory.
+    /// Fresh stores under a new temporary directory; snapshots in a local directory.
     pub fn new() -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
-        let snapshots = Arc::new(LocalDirSnapshotStore::new(dir.path().join("snapshots")));
+        let snapshots: Arc<dyn SnapshotStore> =
+            Arc::new(LocalDirSnapshotStore::new(dir.path().join("snapshots")));
+        Env::with(dir, snapshots)
+    }
+
+    /// Fresh stores under a new temporary directory; snapshots in the fixture's store.
+    pub async fn of(fx: &dyn Fixture) -> Env {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let snapshots = fx.snapshot_store(dir.path()).await;
+        Env::with(dir, snapshots)
+    }
+
+    fn with(dir: tempfile::TempDir, snapshots: Arc<dyn SnapshotStore>) -> Env {
         let states = Arc::new(FileStateStore::new(dir.path().join("states")));
         let agent = format!("agent-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         Env {
@@ -221,7 +279,7 @@ fn branch(r: &CallReport) -> StartBranch {
 
 /// State JSON survives `state → json → state` unchanged, and the resumed box works.
 pub async fn state_round_trip(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let client = fx.client(Persistence::Keep).await;
     let key =
         IsolationKey::resolve(IsolationScope::Session, &env.ctx().session("rt")).expect("key");
@@ -254,7 +312,7 @@ pub async fn state_round_trip(fx: &dyn Fixture) {
 
 /// D: a new box is initialized from the spec: files, directories, executables, env.
 pub async fn cold_start_applies_spec(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env
         .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
         .await;
@@ -281,7 +339,7 @@ pub async fn cold_start_applies_spec(fx: &dyn Fixture) {
 
 /// A: a kept box warm-starts; only ephemeral entries are re-applied.
 pub async fn warm_start_reapplies_only_ephemeral(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env
         .snapshotting(fx, Persistence::Keep, IsolationScope::Session)
         .await;
@@ -315,7 +373,7 @@ pub async fn warm_start_reapplies_only_ephemeral(fx: &dyn Fixture) {
 
 /// B: an ephemeral box is gone after release; the next call restores it from the snapshot.
 pub async fn restore_after_release(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env
         .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
         .await;
@@ -338,7 +396,7 @@ pub async fn restore_after_release(fx: &dyn Fixture) {
 /// B: a kept box destroyed behind the library's back is restored from the snapshot, and the
 /// report says so.
 pub async fn restore_after_external_loss(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env
         .snapshotting(fx, Persistence::Keep, IsolationScope::Session)
         .await;
@@ -360,7 +418,7 @@ pub async fn restore_after_external_loss(fx: &dyn Fixture) {
 /// C: a state whose workspace was never ready but has a snapshot restores it and re-applies
 /// every entry; D with `ready` but no snapshot says why it started cold.
 pub async fn restore_all_and_cold_note(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let client = fx.client(Persistence::Ephemeral).await;
     let m = env.manager(client.clone(), IsolationScope::Session, snap_config(&env));
     let ctx = env.ctx().session("c");
@@ -406,7 +464,7 @@ pub async fn restore_all_and_cold_note(fx: &dyn Fixture) {
 /// Two managers (two replicas) with their own clients share only the stores: the second
 /// finds what the first left.
 pub async fn second_replica_restores(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let ctx = env.ctx().user("alice").session("s1");
     let m1 = env
         .snapshotting(fx, Persistence::Ephemeral, IsolationScope::User)
@@ -435,7 +493,7 @@ pub async fn second_replica_restores(fx: &dyn Fixture) {
 
 /// USER keys separate alice from bob; SESSION keys separate sessions; the fallbacks hold.
 pub async fn scope_isolation(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let client = fx.client(Persistence::Ephemeral).await;
     let user = env.manager(client.clone(), IsolationScope::User, snap_config(&env));
     call(&user, &env.ctx().user("alice"), |sb| async move {
@@ -497,7 +555,7 @@ pub async fn scope_isolation(fx: &dyn Fixture) {
 /// Projection: applied on first start, skipped when unchanged, updated and pruned when the
 /// host changes (files the agent made are kept), and re-applied to a recreated box.
 pub async fn projection_lifecycle(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let host = env.host_root();
     std::fs::write(host.join("AGENTS.md"), "be helpful\n").expect("write");
     std::fs::create_dir_all(host.join("skills/pytest")).expect("mkdir");
@@ -584,7 +642,7 @@ pub async fn projection_lifecycle(fx: &dyn Fixture) {
 /// A timeout kills the whole process tree in the box, grandchildren included, and returns the
 /// output so far.
 pub async fn timeout_kills_grandchildren(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env.manager(
         fx.client(Persistence::Ephemeral).await,
         IsolationScope::Session,
@@ -609,7 +667,7 @@ pub async fn timeout_kills_grandchildren(fx: &dyn Fixture) {
 
 /// Exec basics: exit codes, separate streams, stdin, cwd, env, output caps.
 pub async fn exec_basics(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env.manager(
         fx.client(Persistence::Ephemeral).await,
         IsolationScope::Session,
@@ -669,7 +727,7 @@ pub async fn exec_basics(fx: &dyn Fixture) {
 /// A corrupted or hostile snapshot fails loudly with `RestoreIncomplete` (never a silent fresh
 /// start), the stored state is left alone, and the previous snapshot still restores.
 pub async fn hostile_snapshot_rejected(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env
         .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
         .await;
@@ -720,7 +778,7 @@ pub async fn hostile_snapshot_rejected(fx: &dyn Fixture) {
 /// A snapshot that fails mid-way (a store that dies after some bytes) fails the call, leaves
 /// the stored state pointing at the previous snapshot, which still restores.
 pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let failing = Arc::new(FailingStore::new(env.snapshots.clone()));
     let config = SandboxConfig::new(spec()).snapshots(SnapshotSpec::new(failing.clone()));
     let m = env.manager(
@@ -796,7 +854,7 @@ pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
 /// Malformed state and unknown backend tags are typed errors; the stored state is not
 /// overwritten.
 pub async fn bad_state_is_a_typed_error(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env
         .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
         .await;
@@ -830,7 +888,7 @@ pub async fn bad_state_is_a_typed_error(fx: &dyn Fixture) {
 /// A started, user-managed sandbox is handed to several agents' calls in turn: each call stops
 /// (snapshots) it, none shuts it down or writes the state store.
 pub async fn user_managed_sandbox_is_shared(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let client = fx.client(Persistence::Ephemeral).await;
     let parent = env.manager(client.clone(), IsolationScope::Session, snap_config(&env));
     let child = env.manager(client, IsolationScope::Session, snap_config(&env));
@@ -883,7 +941,7 @@ pub async fn user_managed_sandbox_is_shared(fx: &dyn Fixture) {
 
 /// The post-call steps run when the closure panics and when the call is cancelled.
 pub async fn panic_and_cancel_still_persist(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env
         .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
         .await;
@@ -940,7 +998,7 @@ pub async fn panic_and_cancel_still_persist(fx: &dyn Fixture) {
 
 /// Bind-mounted paths are never archived, and survive a restore untouched.
 pub async fn bind_mounts_are_not_archived(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let client = fx.client(Persistence::Ephemeral).await;
     if !client.capabilities().bind_mounts {
         return;
@@ -1053,7 +1111,7 @@ pub fn key_of(m: &SandboxManager, ctx: &CallContext) -> IsolationKey {
 /// warm box and right after a restore; a change is picked up again.
 pub async fn skip_unchanged(fx: &dyn Fixture) {
     for format in [SnapshotFormat::Tar, SnapshotFormat::Chunked] {
-        let env = Env::new();
+        let env = Env::of(fx).await;
         let config = SandboxConfig::new(spec()).snapshots(env.snapshot_spec().format(format));
         let keep = env.manager(
             fx.client(Persistence::Keep).await,
@@ -1115,7 +1173,7 @@ pub async fn skip_unchanged(fx: &dyn Fixture) {
 /// Chunked snapshots are incremental: after one small change only new chunks and the manifest
 /// are written, and two replicas restore each other's incremental snapshots, verified.
 pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let config =
         SandboxConfig::new(spec()).snapshots(env.snapshot_spec().format(SnapshotFormat::Chunked));
     let r1 = env.manager(
@@ -1206,7 +1264,7 @@ pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
 /// Restoring a chunked snapshot into a box whose workspace still holds some of its files reads
 /// those from the box (verified by hash) and fetches only the other chunks.
 pub async fn chunked_restore_reuses_live_files(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let counting = Arc::new(FailingStore::new(env.snapshots.clone()));
     let config = SandboxConfig::new(spec())
         .snapshots(SnapshotSpec::new(counting.clone()).format(SnapshotFormat::Chunked));
@@ -1279,7 +1337,7 @@ pub async fn chunked_restore_reuses_live_files(fx: &dyn Fixture) {
 /// never one a kept snapshot needs or one younger than the grace period, and every kept
 /// snapshot still restores afterwards.
 pub async fn retention_and_gc(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let spec_of = |env: &Env| {
         env.snapshot_spec()
             .format(SnapshotFormat::Chunked)
@@ -1390,7 +1448,7 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
 /// upload stamps its tar header's), so a rewrite in the second of the last listing keeps the
 /// mtime.
 pub async fn same_size_rewrites_are_snapshotted(fx: &dyn Fixture) {
-    let env = Env::new();
+    let env = Env::of(fx).await;
     let m = env
         .snapshotting(fx, Persistence::Keep, IsolationScope::Session)
         .await;
@@ -1436,6 +1494,19 @@ macro_rules! conformance_tests {
     // another image or configuration, where the lifecycle sweeps would only repeat themselves.
     (core: $fixture:expr $(, #[$attr:meta])* $(,)?) => {
         $crate::conformance_tests!(@core [$fixture] [$(#[$attr])*]);
+    };
+    // The scenarios that write, read, tamper with, retain and collect snapshots, with the
+    // lifecycle sweeps: how a snapshot store runs the kit (`$fixture` is usually a
+    // `testkit::OnStore` over sandbox-local's fixture).
+    (snapshots: $fixture:expr $(, #[$attr:meta])* $(,)?) => {
+        $crate::conformance_tests!(@each [$fixture] [$(#[$attr])*]
+            restore_after_release restore_after_external_loss second_replica_restores
+            hostile_snapshot_rejected failed_snapshot_keeps_previous panic_and_cancel_still_persist
+            skip_unchanged chunked_incremental_across_replicas retention_and_gc
+            chunked_restore_reuses_live_files same_size_rewrites_are_snapshotted);
+        $crate::conformance_tests!(@faults [$fixture] [$(#[$attr])*]
+            faults_cancellation_sweep faults_fault_sweep faults_retention_after_failed_saves
+            faults_gc_interleaving faults_unkeyed_calls_leave_no_snapshots);
     };
     ($fixture:expr $(, #[$attr:meta])* $(,)?) => {
         $crate::conformance_tests!(@core [$fixture] [$(#[$attr])*]);
