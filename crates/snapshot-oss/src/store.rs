@@ -213,7 +213,7 @@ impl Inner {
         }
     }
 
-    fn bounded<'a, T>(
+    fn bounded<'a, T: 'a>(
         &'a self,
         operation: &'static str,
         key: &'a str,
