@@ -29,8 +29,15 @@ async fn main() -> ExitCode {
     match run().await {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
-        Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::InvalidInput) => {
-            eprintln!("s3 example: {e}\n(start a local server and set the variables: see the top of examples/s3.rs)");
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::InvalidInput
+            ) =>
+        {
+            eprintln!(
+                "s3 example: {e}\n(start a local server and set the variables: see the top of examples/s3.rs)"
+            );
             ExitCode::from(2)
         }
         Err(e) => {
@@ -56,7 +63,8 @@ async fn run() -> sandbox_harness::Result<bool> {
     let manager = SandboxManager::builder(Arc::new(client))
         .scope(IsolationScope::Session)
         .config(
-            SandboxConfig::new(WorkspaceSpec::default()).snapshots(SnapshotSpec::new(store.clone())),
+            SandboxConfig::new(WorkspaceSpec::default())
+                .snapshots(SnapshotSpec::new(store.clone())),
         )
         .build()?;
     let session = format!("s3-demo-{}", std::process::id());
@@ -64,8 +72,10 @@ async fn run() -> sandbox_harness::Result<bool> {
 
     let first = manager
         .call(&ctx, |sb| async move {
-            sb.exec(ExecRequest::shell("echo written in the first box > note.txt"))
-                .await
+            sb.exec(ExecRequest::shell(
+                "echo written in the first box > note.txt",
+            ))
+            .await
         })
         .await?;
     first.value?;
@@ -86,7 +96,11 @@ async fn run() -> sandbox_harness::Result<bool> {
         seen.trim()
     );
     let objects = store.list_all("").await?;
-    println!("{} objects under prefix `{}`:", objects.len(), store.prefix());
+    println!(
+        "{} objects under prefix `{}`:",
+        objects.len(),
+        store.prefix()
+    );
     for o in objects.iter().take(10) {
         println!("  {} ({} bytes)", o.key, o.size);
     }

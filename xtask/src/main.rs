@@ -395,7 +395,11 @@ fn s3s_fs() -> Result<String, String> {
     candidates()
         .find(|p| pinned(p))
         .map(|p| p.to_string_lossy().into_owned())
-        .ok_or_else(|| format!("s3s-fs {S3FS} still missing after `cargo install` (the S3 tests cannot be skipped)"))
+        .ok_or_else(|| {
+            format!(
+                "s3s-fs {S3FS} still missing after `cargo install` (the S3 tests cannot be skipped)"
+            )
+        })
 }
 
 // ---------------------------------------------------------------------------------------------

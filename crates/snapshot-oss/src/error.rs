@@ -28,7 +28,12 @@ impl Ctx {
     }
 
     /// Convert an `object_store` error of `operation` on blob `key`.
-    pub(crate) fn convert(&self, operation: &'static str, key: &str, e: object_store::Error) -> Error {
+    pub(crate) fn convert(
+        &self,
+        operation: &'static str,
+        key: &str,
+        e: object_store::Error,
+    ) -> Error {
         use object_store::Error as E;
         let message = self.scrub(&e.to_string());
         let err = match &e {

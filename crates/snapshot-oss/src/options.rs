@@ -217,7 +217,10 @@ mod tests {
         let part = o.part_len(7, Some(big));
         assert_eq!(part % MIB, 0);
         assert!(part as u64 * MAX_PARTS as u64 >= big);
-        assert!(((part - MIB) as u64) * (MAX_PARTS as u64) < big, "the smallest that fits");
+        assert!(
+            ((part - MIB) as u64) * (MAX_PARTS as u64) < big,
+            "the smallest that fits"
+        );
         assert_eq!(o.part_len(0, Some(u64::MAX)), MAX_PART);
     }
 
@@ -225,7 +228,12 @@ mod tests {
     fn options_are_checked() {
         assert!(OssOptions::default().check().is_ok());
         assert!(OssOptions::default().part_size(0).check().is_err());
-        assert!(OssOptions::default().max_parts_in_flight(0).check().is_err());
+        assert!(
+            OssOptions::default()
+                .max_parts_in_flight(0)
+                .check()
+                .is_err()
+        );
         assert!(
             OssOptions::default()
                 .read_timeout(Duration::ZERO)

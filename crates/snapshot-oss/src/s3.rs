@@ -383,7 +383,10 @@ mod tests {
         );
         assert_eq!(c.virtual_hosted_style, Some(true));
         assert!(!c.conditional_put);
-        let store = c.credentials("id", "secret").build().expect("builds offline");
+        let store = c
+            .credentials("id", "secret")
+            .build()
+            .expect("builds offline");
         assert_eq!(store.reach(), sandbox_core::Reach::Cluster);
     }
 

@@ -318,9 +318,10 @@ impl SnapshotStore for OssSnapshotStore {
             let end = offset.saturating_add(len);
             match self.inner.get_stream(key, Some(offset..end)).await {
                 Ok(s) => Ok(s),
-                Err(e @ (Error::NotFound { .. } | Error::Unavailable { .. } | Error::Timeout { .. })) => {
-                    Err(e)
-                }
+                Err(
+                    e
+                    @ (Error::NotFound { .. } | Error::Unavailable { .. } | Error::Timeout { .. }),
+                ) => Err(e),
                 // A range that starts at or past the end is refused by the service: the blob
                 // simply ends before it.
                 Err(e) => {
@@ -399,9 +400,11 @@ fn list_paginated(
             if state.done {
                 return Ok(None);
             }
-            let mut opts = PaginatedListOptions::default();
-            opts.max_keys = Some(inner.options.list_page);
-            opts.page_token = state.token;
+            let opts = PaginatedListOptions {
+                max_keys: Some(inner.options.list_page),
+                page_token: state.token,
+                ..Default::default()
+            };
             let prefix = (!full.is_empty()).then_some(full.as_str());
             let page = inner
                 .bounded("list", &full, lister.list_paginated(prefix, opts))
@@ -426,10 +429,7 @@ fn list_paginated(
 
 /// Backends without string-prefix listing: list the prefix's directory, keep the matches.
 fn list_directory(inner: Arc<Inner>, full: String) -> BlobStream {
-    let dir = match full.rfind('/') {
-        Some(i) => Some(Path::from(&full[..i])),
-        None => None,
-    };
+    let dir = full.rfind('/').map(|i| Path::from(&full[..i]));
     let listed = inner.store.list(dir.as_ref());
     let keep = full.clone();
     listed

@@ -169,7 +169,12 @@ async fn stream_parts(
         multipart.send(inner, buf.take(buf.len), in_flight).await?;
     }
     multipart.complete(inner).await?;
-    tracing::debug!(key, bytes = total, parts = multipart.sent, "multipart upload completed");
+    tracing::debug!(
+        key,
+        bytes = total,
+        parts = multipart.sent,
+        "multipart upload completed"
+    );
     Ok(total)
 }
 

@@ -121,7 +121,10 @@ async fn store_down_mid_stop_is_retryable_and_keeps_the_previous_snapshot() {
     };
 
     manager
-        .call(&ctx, sh("echo v1 > v.txt; head -c 300000 /dev/urandom > blob.bin"))
+        .call(
+            &ctx,
+            sh("echo v1 > v.txt; head -c 300000 /dev/urandom > blob.bin"),
+        )
         .await
         .expect("the first call");
 
@@ -131,11 +134,17 @@ async fn store_down_mid_stop_is_retryable_and_keeps_the_previous_snapshot() {
         .await
         .expect_err("the snapshot cannot be written");
     assert_eq!(
-        store.puts_after_kill.load(std::sync::atomic::Ordering::SeqCst),
+        store
+            .puts_after_kill
+            .load(std::sync::atomic::Ordering::SeqCst),
         1,
         "the server went away during the stop"
     );
-    assert!(err.error.is_retryable(), "typed and retryable: {}", err.error);
+    assert!(
+        err.error.is_retryable(),
+        "typed and retryable: {}",
+        err.error
+    );
     assert!(
         matches!(
             err.error,
@@ -154,5 +163,8 @@ async fn store_down_mid_stop_is_retryable_and_keeps_the_previous_snapshot() {
         .await
         .expect("the store is back")
         .value;
-    assert_eq!(seen.split_whitespace().collect::<Vec<_>>(), ["v1", "300000"]);
+    assert_eq!(
+        seen.split_whitespace().collect::<Vec<_>>(),
+        ["v1", "300000"]
+    );
 }

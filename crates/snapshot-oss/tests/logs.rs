@@ -105,7 +105,11 @@ async fn secrets_stay_out_of_logs_errors_and_debug() {
         );
     }
     let leaks: Vec<&str> = logs.lines().filter(|l| l.contains(SECRET)).collect();
-    assert!(leaks.is_empty(), "the secret was logged:\n{}", leaks.join("\n"));
+    assert!(
+        leaks.is_empty(),
+        "the secret was logged:\n{}",
+        leaks.join("\n")
+    );
     for text in shown {
         assert!(!text.contains(SECRET), "the secret was shown: {text}");
     }

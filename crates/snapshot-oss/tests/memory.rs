@@ -107,7 +107,11 @@ async fn large_blobs_stream_in_parts_with_bounded_concurrency() {
 
     // A known length picks one part size for the whole blob.
     let n = store
-        .put(&key("known"), pieces(&data, 100_000), Some(data.len() as u64))
+        .put(
+            &key("known"),
+            pieces(&data, 100_000),
+            Some(data.len() as u64),
+        )
         .await
         .unwrap();
     assert_eq!(n, data.len() as u64);
@@ -148,9 +152,16 @@ async fn failed_input_store_error_and_cancellation_abort_the_upload() {
         })]))
         .boxed();
     let err = store.put(&k, failing, None).await.unwrap_err();
-    assert!(matches!(err, Error::Timeout { .. }), "the input's error: {err}");
+    assert!(
+        matches!(err, Error::Timeout { .. }),
+        "the input's error: {err}"
+    );
     assert_eq!(Counts::get(&counts.multipart_starts), 1);
-    assert_eq!(Counts::get(&counts.aborts), 1, "aborted before put returned");
+    assert_eq!(
+        Counts::get(&counts.aborts),
+        1,
+        "aborted before put returned"
+    );
 
     // A part fails on the store's side.
     counts.fail_part.store(
@@ -194,15 +205,26 @@ async fn ranged_reads_are_one_ranged_request() {
         .put_bytes(&key("r"), Bytes::from(data.clone()))
         .await
         .unwrap();
-    let got = sandbox_core::stream::collect(store.get_range(&key("r"), 1000, 5000).await.unwrap(), 1 << 20)
-        .await
-        .unwrap();
+    let got = sandbox_core::stream::collect(
+        store.get_range(&key("r"), 1000, 5000).await.unwrap(),
+        1 << 20,
+    )
+    .await
+    .unwrap();
     assert_eq!(&got[..], &data[1000..6000]);
     assert_eq!(Counts::get(&counts.ranged_gets), 1);
     assert_eq!(Counts::get(&counts.gets), 0, "no whole-blob read");
     // Past the end: empty, not an error.
-    let past = store.get_range(&key("r"), MIB as u64 + 10, 5).await.unwrap();
-    assert!(sandbox_core::stream::collect(past, 10).await.unwrap().is_empty());
+    let past = store
+        .get_range(&key("r"), MIB as u64 + 10, 5)
+        .await
+        .unwrap();
+    assert!(
+        sandbox_core::stream::collect(past, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -223,7 +245,10 @@ async fn listing_reads_pages_lazily_and_strips_the_prefix() {
         .put(&"p/chunks/.odd".into(), "x".into())
         .await
         .unwrap();
-    memory.put(&"other/chunks/a".into(), "x".into()).await.unwrap();
+    memory
+        .put(&"other/chunks/a".into(), "x".into())
+        .await
+        .unwrap();
     store.put_bytes(&key("chunks/a"), "1".into()).await.unwrap();
     let listed = store.list_all("chunks/").await.unwrap();
     let names: Vec<&str> = listed.iter().map(|m| m.key.as_str()).collect();

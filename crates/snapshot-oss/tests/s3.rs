@@ -95,8 +95,15 @@ async fn no_orphaned_multipart_uploads() {
         .boxed();
     let err = store.put(&k, failing, None).await.unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
-    assert!(Counts::get(&counts.parts) >= 3, "parts were sent before the failure");
-    assert_eq!(server.pending_uploads(), Vec::<String>::new(), "after a failed input");
+    assert!(
+        Counts::get(&counts.parts) >= 3,
+        "parts were sent before the failure"
+    );
+    assert_eq!(
+        server.pending_uploads(),
+        Vec::<String>::new(),
+        "after a failed input"
+    );
     assert_eq!(read(&store, &k).await, old);
 
     // 2. The store fails the second part of the next upload.
@@ -109,21 +116,23 @@ async fn no_orphaned_multipart_uploads() {
         .await
         .unwrap_err();
     assert!(err.is_retryable(), "{err}");
-    assert_eq!(server.pending_uploads(), Vec::<String>::new(), "after a failed part");
+    assert_eq!(
+        server.pending_uploads(),
+        Vec::<String>::new(),
+        "after a failed part"
+    );
     assert_eq!(read(&store, &k).await, old);
 
     // 3. The future is dropped mid-upload, while the server holds the upload and its parts.
     let (reached, stalled) = tokio::sync::oneshot::channel::<()>();
     let mut reached = Some(reached);
     let stalling = pieces(&big, 256 * 1024)
-        .chain(
-            futures::stream::poll_fn(move |_| {
-                if let Some(tx) = reached.take() {
-                    let _ = tx.send(());
-                }
-                std::task::Poll::Pending
-            }),
-        )
+        .chain(futures::stream::poll_fn(move |_| {
+            if let Some(tx) = reached.take() {
+                let _ = tx.send(());
+            }
+            std::task::Poll::Pending
+        }))
         .boxed();
     let task = tokio::spawn({
         let store = store.clone();
@@ -133,7 +142,11 @@ async fn no_orphaned_multipart_uploads() {
     stalled.await.unwrap();
     // All of the input was read: the upload and its parts are on the server now.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !server.pending_uploads().iter().any(|n| n.contains(".part-")) {
+    while !server
+        .pending_uploads()
+        .iter()
+        .any(|n| n.contains(".part-"))
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
             "no part ever reached the server"
@@ -146,7 +159,11 @@ async fn no_orphaned_multipart_uploads() {
     assert_eq!(read(&store, &k).await, old);
     assert_eq!(Counts::get(&counts.aborts), 3);
     assert_eq!(Counts::get(&counts.completes), 0);
-    assert!(server.temporaries().is_empty(), "{:?}", server.temporaries());
+    assert!(
+        server.temporaries().is_empty(),
+        "{:?}",
+        server.temporaries()
+    );
 
     // A completed upload leaves nothing either.
     store.put(&k, pieces(&big, 256 * 1024), None).await.unwrap();
@@ -201,7 +218,10 @@ async fn outages_are_typed_and_retryable() {
             matches!(err, Error::Unavailable { .. }) && err.is_retryable(),
             "{err}"
         );
-        assert!(err.to_string().contains("s3 bucket `b`"), "names the service: {err}");
+        assert!(
+            err.to_string().contains("s3 bucket `b`"),
+            "names the service: {err}"
+        );
     }
 
     // A server that accepts connections and never answers.
@@ -248,10 +268,7 @@ async fn refused_credentials_are_not_retryable() {
         .options(test_options())
         .build()
         .unwrap();
-    let err = wrong
-        .put_bytes(&key("a"), "x".into())
-        .await
-        .unwrap_err();
+    let err = wrong.put_bytes(&key("a"), "x".into()).await.unwrap_err();
     assert!(!err.is_retryable(), "{err}");
     assert!(!err.to_string().contains("not-the-secret"), "{err}");
     assert!(!format!("{err:?}").contains("not-the-secret"), "{err:?}");

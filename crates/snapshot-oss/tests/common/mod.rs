@@ -175,8 +175,9 @@ impl MultipartUpload for CountingUpload {
                 let _ = upload.await;
                 Err(object_store::Error::Generic {
                     store: "S3",
-                    source: "Server returned non-2xx status code: 503 Service Unavailable: injected"
-                        .into(),
+                    source:
+                        "Server returned non-2xx status code: 503 Service Unavailable: injected"
+                            .into(),
                 })
             } else {
                 upload.await
