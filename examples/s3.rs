@@ -19,9 +19,10 @@ use std::sync::Arc;
 
 use sandbox_harness::local::{LocalClient, LocalOptions};
 use sandbox_harness::s3::S3Config;
+use sandbox_harness::snapshot::SnapshotStoreExt as _;
 use sandbox_harness::{
     CallContext, ErrorKind, ExecRequest, IsolationScope, Persistence, SandboxConfig,
-    SandboxManager, SnapshotSpec, SnapshotStoreExt as _, WorkspaceSpec,
+    SandboxManager, SnapshotSpec, WorkspaceSpec,
 };
 
 #[tokio::main]
