@@ -63,14 +63,13 @@ pub(crate) async fn put(
 ) -> Result<u64> {
     let single_max = inner.options.single_put_max as u64;
     // What is read before deciding between one PUT and a multipart upload.
-    let first = match size {
-        Some(n) if n <= single_max => n,
-        _ => single_max,
-    };
+    let first = size.unwrap_or(single_max).min(single_max);
     let mut buf = Buffer::default();
     let mut total = 0u64;
     let mut ended = false;
-    while total <= first {
+    // A blob announced as larger goes straight to a multipart upload: nothing to buffer first.
+    let decided = size.is_some_and(|n| n > single_max);
+    while !decided && total <= first {
         match data.next().await {
             Some(chunk) => {
                 let chunk = chunk?;

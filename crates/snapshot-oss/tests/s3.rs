@@ -289,3 +289,31 @@ async fn prefixes_keep_deployments_apart() {
     // The layout on the server: <bucket>/<prefix>/<key>.
     assert!(server.data_dir().join("shared/team-a/chunks/x").is_file());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(s3_tests), ignore = "needs s3s-fs; run by cargo xtask test")]
+async fn ranges_at_or_past_the_end_are_empty() {
+    let server = S3fs::start();
+    let store = server.store("ranges", "");
+    let k = key("packs/x");
+    store.put_bytes(&k, "0123456789".into()).await.unwrap();
+    for offset in [10, 11, 1_000_000] {
+        let s = store.get_range(&k, offset, 5).await.unwrap();
+        assert!(
+            sandbox_core::stream::collect(s, 100)
+                .await
+                .unwrap()
+                .is_empty(),
+            "offset {offset}"
+        );
+    }
+    let s = store.get_range(&k, 8, 5).await.unwrap();
+    assert_eq!(
+        &sandbox_core::stream::collect(s, 100).await.unwrap()[..],
+        b"89"
+    );
+    assert!(matches!(
+        store.get_range(&key("packs/missing"), 0, 0).await.err(),
+        Some(Error::NotFound { .. })
+    ));
+}
