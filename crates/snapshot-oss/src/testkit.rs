@@ -184,6 +184,26 @@ impl S3fs {
         }
     }
 
+    /// Stop the server without closing its port (`SIGSTOP` to the pid this helper started): a
+    /// store that accepts connections and answers nothing.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Let a [`pause`](Self::pause)d server go on (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.pid().expect("the server runs");
+        let status = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {pid}: {status}");
+    }
+
     /// Start the server again on the same port and data directory.
     pub fn restart(&mut self) {
         self.kill();
@@ -204,6 +224,7 @@ impl S3fs {
 
 impl Drop for S3fs {
     fn drop(&mut self) {
+        // A paused server dies of SIGKILL all the same.
         self.kill();
     }
 }

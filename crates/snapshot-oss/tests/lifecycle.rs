@@ -38,14 +38,24 @@ sandbox_core::conformance_tests!(
     #[cfg_attr(not(s3_tests), ignore = "needs s3s-fs; run by cargo xtask test")]
 );
 
-/// Forwards to an S3 store; once armed, kills the server at the next `put`, before passing it
-/// on: the stop has started (it may have read the parent's manifest) and its upload meets a
-/// store that is gone.
+/// What happens to the server at the armed `put`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Outage {
+    /// Killed: connections are refused.
+    Down,
+    /// Stopped (`SIGSTOP`): connections are accepted and nothing answers.
+    Slow,
+}
+
+/// Forwards to an S3 store; once armed, takes the server away at the next `put`, before
+/// passing it on: the stop has started (it may have read the parent's manifest) and its upload
+/// meets a store that is gone or silent.
 #[derive(Debug)]
 struct KillAtPut {
     inner: Arc<dyn SnapshotStore>,
     server: Arc<Mutex<S3fs>>,
     armed: std::sync::atomic::AtomicBool,
+    outage: Outage,
     puts_after_kill: std::sync::atomic::AtomicUsize,
 }
 
@@ -59,7 +69,10 @@ impl SnapshotStore for KillAtPut {
     }
     async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
         if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            self.server.lock().unwrap().kill();
+            match self.outage {
+                Outage::Down => self.server.lock().unwrap().kill(),
+                Outage::Slow => self.server.lock().unwrap().pause(),
+            }
             self.puts_after_kill
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
@@ -85,13 +98,37 @@ impl SnapshotStore for KillAtPut {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(s3_tests), ignore = "needs s3s-fs; run by cargo xtask test")]
 async fn store_down_mid_stop_is_retryable_and_keeps_the_previous_snapshot() {
+    outage_mid_stop(Outage::Down).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(s3_tests), ignore = "needs s3s-fs; run by cargo xtask test")]
+async fn store_slow_mid_stop_is_retryable_and_keeps_the_previous_snapshot() {
+    outage_mid_stop(Outage::Slow).await;
+}
+
+async fn outage_mid_stop(outage: Outage) {
     let server = S3fs::start();
-    let s3: Arc<dyn SnapshotStore> = Arc::new(server.store("outage", "snapshots"));
+    server.create_bucket("outage");
+    // Short limits: a silent store is given up on after about a second per attempt.
+    let options = snapshot_oss::testkit::test_options()
+        .read_timeout(Duration::from_secs(1))
+        .request_timeout(Duration::from_secs(3))
+        .operation_timeout(Duration::from_secs(8));
+    let s3: Arc<dyn SnapshotStore> = Arc::new(
+        server
+            .config("outage")
+            .prefix("snapshots")
+            .options(options)
+            .build()
+            .unwrap(),
+    );
     let server = Arc::new(Mutex::new(server));
     let store = Arc::new(KillAtPut {
         inner: s3,
         server: server.clone(),
         armed: false.into(),
+        outage,
         puts_after_kill: 0.into(),
     });
     let fx = LocalFixture::new();
@@ -145,19 +182,26 @@ async fn store_down_mid_stop_is_retryable_and_keeps_the_previous_snapshot() {
         "typed and retryable: {}",
         err.error
     );
-    assert!(
-        matches!(
-            err.error,
-            sandbox_core::Error::Unavailable { .. } | sandbox_core::Error::Timeout { .. }
+    match outage {
+        Outage::Down => assert!(
+            matches!(err.error, sandbox_core::Error::Unavailable { .. }),
+            "{}",
+            err.error
         ),
-        "{}",
-        err.error
-    );
+        Outage::Slow => assert!(
+            matches!(err.error, sandbox_core::Error::Timeout { .. }),
+            "{}",
+            err.error
+        ),
+    }
     let report = err.report.expect("a report");
     assert!(!report.persisted, "{report:?}");
 
     // The store comes back: the next call restores the first call's snapshot.
-    server.lock().unwrap().restart();
+    match outage {
+        Outage::Down => server.lock().unwrap().restart(),
+        Outage::Slow => server.lock().unwrap().resume(),
+    }
     let seen = manager
         .call(&ctx, sh("cat v.txt; wc -c < blob.bin"))
         .await
