@@ -2,6 +2,7 @@
 
 mod error;
 mod options;
+mod requests;
 #[cfg(feature = "aws")]
 mod s3;
 mod store;
@@ -11,6 +12,7 @@ mod upload;
 
 pub use object_store;
 pub use options::{MAX_PART, MAX_PARTS, MIB, MIN_PART, OssOptions};
+pub use requests::RequestCounts;
 #[cfg(feature = "aws")]
 pub use s3::{BUCKET_VAR, PREFIX_VAR, S3Config};
 pub use store::OssSnapshotStore;

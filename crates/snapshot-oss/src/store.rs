@@ -18,6 +18,7 @@ use tracing::Instrument as _;
 
 use crate::error::Ctx;
 use crate::options::OssOptions;
+use crate::requests::{RequestCounts, Requests};
 use crate::upload;
 
 /// Snapshot blobs as objects in a bucket, under a key prefix: blob `chunks/ab/…` is object
@@ -51,6 +52,7 @@ pub(crate) struct Inner {
     reach: Reach,
     pub(crate) options: OssOptions,
     pub(crate) ctx: Ctx,
+    pub(crate) requests: Arc<Requests>,
 }
 
 impl fmt::Debug for OssSnapshotStore {
@@ -88,6 +90,7 @@ impl OssSnapshotStore {
                     request_timeout: options.request_timeout,
                 },
                 options,
+                requests: Arc::default(),
             }),
         })
     }
@@ -152,6 +155,11 @@ impl OssSnapshotStore {
     /// The limits in force.
     pub fn options(&self) -> &OssOptions {
         &self.inner.options
+    }
+
+    /// The requests sent so far, by kind.
+    pub fn requests(&self) -> RequestCounts {
+        self.inner.requests.snapshot()
     }
 
     /// The underlying object store.
@@ -242,6 +250,10 @@ impl Inner {
         range: Option<std::ops::Range<u64>>,
     ) -> Result<ByteStream> {
         let path = self.path(key)?;
+        Requests::count(&self.requests.get);
+        if range.is_some() {
+            Requests::count(&self.requests.ranged_get);
+        }
         let options = GetOptions::new().with_range(range.map(GetRange::Bounded));
         let got = self
             .bounded("get", key.as_str(), self.store.get_opts(&path, options))
@@ -326,6 +338,7 @@ impl SnapshotStore for OssSnapshotStore {
                 // simply ends before it.
                 Err(e) => {
                     let path = self.inner.path(key)?;
+                    Requests::count(&self.inner.requests.head);
                     match self
                         .inner
                         .bounded("head", key.as_str(), self.inner.store.head(&path))
@@ -344,6 +357,7 @@ impl SnapshotStore for OssSnapshotStore {
     async fn exists(&self, key: &BlobKey) -> Result<bool> {
         let path = self.inner.path(key)?;
         let span = tracing::debug_span!("oss_exists", key = %key);
+        Requests::count(&self.inner.requests.head);
         match self
             .inner
             .bounded("head", key.as_str(), self.inner.store.head(&path))
@@ -359,6 +373,7 @@ impl SnapshotStore for OssSnapshotStore {
     async fn delete(&self, key: &BlobKey) -> Result<()> {
         let path = self.inner.path(key)?;
         let span = tracing::debug_span!("oss_delete", key = %key);
+        Requests::count(&self.inner.requests.delete);
         match self
             .inner
             .bounded("delete", key.as_str(), self.inner.store.delete(&path))
@@ -406,6 +421,7 @@ fn list_paginated(
                 ..Default::default()
             };
             let prefix = (!full.is_empty()).then_some(full.as_str());
+            Requests::count(&inner.requests.list);
             let page = inner
                 .bounded("list", &full, lister.list_paginated(prefix, opts))
                 .await?;
@@ -430,6 +446,7 @@ fn list_paginated(
 /// Backends without string-prefix listing: list the prefix's directory, keep the matches.
 fn list_directory(inner: Arc<Inner>, full: String) -> BlobStream {
     let dir = full.rfind('/').map(|i| Path::from(&full[..i]));
+    Requests::count(&inner.requests.list);
     let listed = inner.store.list(dir.as_ref());
     let keep = full.clone();
     listed

@@ -3,6 +3,7 @@
 //! input error, on a store error, and when the future is dropped ([`Multipart`]'s `Drop`).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,6 +15,7 @@ use sandbox_core::stream::ByteStream;
 use sandbox_core::{Error, Result};
 use tokio::task::JoinHandle;
 
+use crate::requests::Requests;
 use crate::store::Inner;
 
 /// How long an abandoned upload's clean-up lets parts still being sent finish before it
@@ -88,6 +90,7 @@ pub(crate) async fn put(
         let payload = buf.take(buf.len);
         let opts = PutOptions::from(mode);
         let started = std::time::Instant::now();
+        Requests::count(&inner.requests.put);
         inner
             .bounded_by(
                 "put",
@@ -106,6 +109,7 @@ pub(crate) async fn put(
         });
     }
 
+    Requests::count(&inner.requests.multipart_start);
     let upload = inner
         .bounded_by(
             "start multipart upload",
@@ -121,6 +125,7 @@ pub(crate) async fn put(
         parts: FuturesUnordered::new(),
         sent: 0,
         key: key.to_owned(),
+        requests: inner.requests.clone(),
     };
     match stream_parts(inner, &mut multipart, &mut buf, data, size, total, key).await {
         Ok(total) => Ok(total),
@@ -195,6 +200,7 @@ struct Multipart {
     parts: FuturesUnordered<JoinHandle<object_store::Result<()>>>,
     sent: usize,
     key: String,
+    requests: Arc<Requests>,
 }
 
 impl Multipart {
@@ -207,6 +213,7 @@ impl Multipart {
         }
         let upload = self.upload.as_mut().expect("sending to a live upload");
         // Each part on a task of its own: parts upload while the input is read.
+        Requests::count(&self.requests.part);
         self.parts.push(tokio::spawn(upload.put_part(payload)));
         self.sent += 1;
         Ok(())
@@ -241,6 +248,7 @@ impl Multipart {
             self.check(inner, done)?;
         }
         let upload = self.upload.as_mut().expect("completing a live upload");
+        Requests::count(&self.requests.complete);
         inner
             .bounded_by(
                 "complete multipart upload",
@@ -266,6 +274,7 @@ impl Multipart {
         let mut upload = self.upload.take()?;
         let mut parts = std::mem::take(&mut self.parts);
         let key = std::mem::take(&mut self.key);
+        let requests = self.requests.clone();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
                 key,
@@ -286,6 +295,7 @@ impl Multipart {
                 }
             }
             for attempt in 1..=3 {
+                Requests::count(&requests.abort);
                 match upload.abort().await {
                     Ok(()) => {
                         tracing::debug!(key, "multipart upload aborted");

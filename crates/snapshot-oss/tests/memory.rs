@@ -79,6 +79,8 @@ async fn small_blobs_are_one_put_known_length_or_not() {
         .unwrap();
     assert_eq!(Counts::get(&counts.puts), 2);
     assert_eq!(Counts::get(&counts.multipart_starts), 0);
+    let r = store.requests();
+    assert_eq!((r.put, r.multipart_start, r.part), (2, 0, 0), "{r:?}");
     assert_eq!(read(&store, &key("b")).await, data);
 }
 
@@ -103,6 +105,18 @@ async fn large_blobs_stream_in_parts_with_bounded_concurrency() {
         "5 MiB parts, the last one shorter: {sizes:?}"
     );
     assert!(Counts::get(&counts.max_in_flight) <= 2);
+    let r = store.requests();
+    assert_eq!(
+        (
+            r.put,
+            r.multipart_start,
+            r.part as usize,
+            r.complete,
+            r.abort
+        ),
+        (0, 1, sizes.len(), 1, 0),
+        "the store's own request counts: {r:?}"
+    );
     assert_eq!(read(&store, &key("big")).await, data);
 
     // A known length picks one part size for the whole blob.
@@ -195,6 +209,8 @@ async fn failed_input_store_error_and_cancellation_abort_the_upload() {
     }
     assert_eq!(Counts::get(&counts.multipart_starts), 3);
     assert!(!store.exists(&k).await.unwrap(), "nothing was written");
+    let r = store.requests();
+    assert_eq!((r.multipart_start, r.abort, r.complete), (3, 3, 0), "{r:?}");
 }
 
 #[tokio::test]
@@ -214,6 +230,8 @@ async fn ranged_reads_are_one_ranged_request() {
     assert_eq!(&got[..], &data[1000..6000]);
     assert_eq!(Counts::get(&counts.ranged_gets), 1);
     assert_eq!(Counts::get(&counts.gets), 0, "no whole-blob read");
+    let r = store.requests();
+    assert_eq!((r.get, r.ranged_get, r.head), (1, 1, 0), "{r:?}");
     // Past the end: empty, not an error.
     let past = store
         .get_range(&key("r"), MIB as u64 + 10, 5)
