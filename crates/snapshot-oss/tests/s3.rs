@@ -317,3 +317,37 @@ async fn ranges_at_or_past_the_end_are_empty() {
         Some(Error::NotFound { .. })
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(s3_tests), ignore = "needs s3s-fs; run by cargo xtask test")]
+async fn listing_is_one_request_per_page_as_the_stream_is_read() {
+    let server = S3fs::start();
+    server.create_bucket("pages");
+    let store = server
+        .config("pages")
+        .prefix("p")
+        .options(test_options().list_page(7))
+        .build()
+        .unwrap();
+    for i in 0..30 {
+        store
+            .put_bytes(&key(&format!("chunks/c{i:02}")), "x".into())
+            .await
+            .unwrap();
+    }
+    store.put_bytes(&key("other/x"), "x".into()).await.unwrap();
+    let before = store.requests();
+    let first: Vec<_> = store.list("chunks/").take(3).collect().await;
+    assert_eq!(first.len(), 3);
+    assert_eq!(store.requests().since(&before).list, 1, "one page read");
+    let before = store.requests();
+    let all = store.list_all("chunks/").await.unwrap();
+    assert_eq!(all.len(), 30);
+    assert_eq!(
+        store.requests().since(&before).list,
+        5,
+        "30 keys in pages of 7"
+    );
+    let c = store.list_all("chunks/c1").await.unwrap();
+    assert_eq!(c.len(), 10, "a string prefix, not a directory");
+}
