@@ -11,7 +11,7 @@
 //! files at the data directory's top ([`S3fs::pending_uploads`]). It implements no
 //! `ListMultipartUploads`, so those files are how a test sees orphaned uploads.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -73,38 +73,57 @@ impl S3fs {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        let child = Command::new(binary())
+        let mut child = Command::new(binary())
             .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--access-key", ACCESS_KEY, "--secret-key", &self.secret_key])
             .arg(self.dir.path())
-            .env_remove("RUST_LOG")
+            // Only its start-up line: "server is running at http://127.0.0.1:<port>".
+            .env("RUST_LOG", "s3s_fs=info")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", binary().display()))?;
+        // Read (and keep draining, so the server never blocks on a full pipe) its output on a
+        // thread that ends with the process.
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("server is running at") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
         self.child = Some(child);
-        self.wait_ready()
+        self.wait_ready(&rx)
     }
 
-    /// Poll until the port accepts connections (the server binds after loading its root).
-    fn wait_ready(&mut self) -> Result<(), String> {
+    /// Wait until this server says it listens on its port. (A port probe alone could reach
+    /// another test's server that took the port first while this one failed to bind.)
+    fn wait_ready(&mut self, started: &std::sync::mpsc::Receiver<String>) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let expected = format!("127.0.0.1:{}", self.port);
         loop {
             let child = self.child.as_mut().expect("spawned");
             if let Ok(Some(status)) = child.try_wait() {
                 self.child = None;
                 return Err(format!("s3s-fs on port {} exited: {status}", self.port));
             }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return Ok(());
+            match started.recv_timeout(Duration::from_millis(20)) {
+                Ok(line) if line.contains(&expected) => return Ok(()),
+                Ok(line) => {
+                    self.kill();
+                    return Err(format!("s3s-fs did not listen on {expected}: {line}"));
+                }
+                Err(_) if Instant::now() > deadline => {
+                    self.kill();
+                    return Err(format!("s3s-fs on port {} never listened", self.port));
+                }
+                Err(_) => {}
             }
-            if Instant::now() > deadline {
-                self.kill();
-                return Err(format!("s3s-fs on port {} never listened", self.port));
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
