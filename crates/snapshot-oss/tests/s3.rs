@@ -30,6 +30,27 @@ mod blobs {
     );
 }
 
+/// Every non-empty blob as a multipart upload (no single PUT), parts one at a time.
+async fn s3_multipart_only() -> (Arc<dyn SnapshotStore>, S3fs) {
+    let server = S3fs::start();
+    server.create_bucket("snapshots");
+    let store = server
+        .config("snapshots")
+        .prefix("mp")
+        .options(test_options().single_put_max(0).max_parts_in_flight(1))
+        .build()
+        .unwrap();
+    (Arc::new(store), server)
+}
+
+mod blobs_multipart_only {
+    sandbox_core::blob_store_tests!(
+        super::s3_multipart_only(),
+        listing_blobs = 300,
+        #[cfg_attr(not(s3_tests), ignore = "needs s3s-fs; run by cargo xtask test")]
+    );
+}
+
 fn key(s: &str) -> BlobKey {
     BlobKey::new(s).unwrap()
 }
