@@ -1,4 +1,5 @@
-//! Project tasks: `cargo xtask test`, `cargo xtask redis-test`, `cargo xtask bench <name>`.
+//! Project tasks: `cargo xtask test`, `cargo xtask redis-test`, `cargo xtask s3-test`,
+//! `cargo xtask bench <name>`.
 //!
 //! `test` runs everything CI runs: formatting, lints, every test, and the quickstart. Services
 //! that tests need are started here (and stopped by a drop guard, also on failure); a service
@@ -13,10 +14,11 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("images") => docker_images(),
         Some("redis-test") => redis_test(&args[1..]),
+        Some("s3-test") => s3_test(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("help") | None => {
             println!(
-                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [W]  snapshot engine vs GNU tar (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json"
+                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  s3-test [ARGS]  install s3s-fs if missing and run `cargo test ARGS` with SANDBOX_TEST_S3FS set (e.g. -p snapshot-oss)\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [W]  snapshot engine vs GNU tar (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json"
             );
             Ok(())
         }
@@ -48,10 +50,13 @@ fn test() -> Result<(), String> {
     )?;
     cargo_deny()?;
     docker_test_preflight()?;
+    // Installed (a few minutes of compiling the first time) before any service starts.
+    let s3fs = s3s_fs()?;
     // Stopped when it goes out of scope: after the tests, or at the first failure.
     let redis = RedisService::start()?;
     let mut env = docker_test_env();
     env.extend(redis.test_env());
+    env.push((S3FS_VAR, s3fs));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     run_env("cargo", &["test", "--workspace", "--all-features"], &env)?;
     drop(redis);
@@ -335,6 +340,68 @@ fn bench_docker() -> Result<(), String> {
         &["bench", "-p", "sandbox-docker", "--bench", "docker"],
         &[("SANDBOX_TEST_DOCKER", "1")],
     )
+}
+
+// ---------------------------------------------------------------------------------------------
+// S3: the tests start `s3s-fs` servers of their own; this only provides the binary.
+
+/// The version of `s3s-fs` the S3 tests run against (installed from crates.io when missing).
+const S3FS: &str = "0.14.1";
+
+/// The variable that names the `s3s-fs` binary for the tests (and turns them on).
+const S3FS_VAR: &str = "SANDBOX_TEST_S3FS";
+
+/// `cargo xtask s3-test ARGS`: `cargo test ARGS` with `SANDBOX_TEST_S3FS` set.
+fn s3_test(args: &[String]) -> Result<(), String> {
+    let binary = s3s_fs()?;
+    let mut cmd = vec!["test"];
+    cmd.extend(args.iter().map(String::as_str));
+    run_env("cargo", &cmd, &[(S3FS_VAR, binary.as_str())])
+}
+
+/// The path of `s3s-fs` at the pinned version: the one on the `PATH` or in cargo's bin
+/// directory if it reports that version, else installed with `cargo install`. A binary that
+/// still does not run fails the task (the S3 tests are never skipped).
+fn s3s_fs() -> Result<String, String> {
+    let bin_dir = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")))
+        .map(|home| home.join("bin"));
+    let candidates = || {
+        let mut dirs: Vec<std::path::PathBuf> = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).collect())
+            .unwrap_or_default();
+        dirs.extend(bin_dir.clone());
+        dirs.into_iter().map(|d| d.join("s3s-fs"))
+    };
+    let pinned = |path: &std::path::Path| {
+        Command::new(path)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(S3FS))
+    };
+    if let Some(found) = candidates().find(|p| pinned(p)) {
+        return Ok(found.to_string_lossy().into_owned());
+    }
+    println!("xtask: s3s-fs {S3FS} is missing: installing it from crates.io");
+    run(
+        "cargo",
+        &[
+            "install",
+            "--locked",
+            "--features",
+            "binary",
+            &format!("s3s-fs@{S3FS}"),
+        ],
+    )?;
+    candidates()
+        .find(|p| pinned(p))
+        .map(|p| p.to_string_lossy().into_owned())
+        .ok_or_else(|| {
+            format!(
+                "s3s-fs {S3FS} still missing after `cargo install` (the S3 tests cannot be skipped)"
+            )
+        })
 }
 
 // ---------------------------------------------------------------------------------------------

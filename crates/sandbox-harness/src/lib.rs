@@ -25,6 +25,12 @@ pub use guard_redis as redis_guard;
 #[cfg(feature = "redis")]
 pub use store_redis as redis_store;
 
+/// Snapshots in S3 and S3-compatible services (Alibaba OSS, MinIO, ...) and any `object_store`
+/// backend (feature `s3`): [`OssSnapshotStore`](s3::OssSnapshotStore), configured from code
+/// or the environment with [`S3Config`](s3::S3Config).
+#[cfg(feature = "s3")]
+pub use snapshot_oss as s3;
+
 /// The parts many replicas share, on one Redis (feature `redis`): a
 /// [`RedisGuard`](redis_guard::RedisGuard) and a
 /// [`RedisStateStore`](redis_store::RedisStateStore) at `url`, with their default options, for

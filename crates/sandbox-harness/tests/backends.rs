@@ -54,3 +54,35 @@ fn the_redis_state_store_reaches_many_hosts() {
     let store = RedisStateStore::new(RedisOptions::new("redis://127.0.0.1:6379")).unwrap();
     assert_eq!(store.reach(), Reach::Cluster);
 }
+
+#[cfg(all(feature = "s3", feature = "redis", feature = "local"))]
+#[tokio::test]
+async fn an_s3_snapshot_store_completes_a_distributed_set_up() {
+    use std::sync::Arc;
+
+    use sandbox_harness::s3::S3Config;
+    use sandbox_harness::{Reach, SandboxManager, SnapshotStore, redis_distributed};
+    // Neither needs a server to be built: both connect on first use.
+    let s3 = S3Config::new("snapshots")
+        .endpoint("http://127.0.0.1:9000")
+        .region("us-east-1")
+        .credentials("id", "secret")
+        .allow_http(true)
+        .build()
+        .unwrap();
+    assert_eq!(s3.reach(), Reach::Cluster);
+    assert_eq!(s3.name(), "s3");
+    let shared = redis_distributed("redis://127.0.0.1:6379")
+        .unwrap()
+        .snapshots(Arc::new(s3));
+    let client = Arc::new(sandbox_harness::local::LocalClient::new(
+        sandbox_harness::local::LocalOptions::default()
+            .base_dir(tempfile::tempdir().unwrap().path()),
+    ));
+    // `distributed` implies `require_distributed`: build refuses a part that not every host
+    // shares, so this proves the S3 store counts as shared.
+    SandboxManager::builder(client)
+        .distributed(shared)
+        .build()
+        .expect("an S3 snapshot store is shared by every host");
+}
