@@ -24,6 +24,11 @@ pub use guard_redis as redis_guard;
 /// the shared-store filesystem's versioned key-value store.
 #[cfg(feature = "redis")]
 pub use store_redis as redis_store;
+/// The Redis snapshot store (feature `redis`):
+/// [`RedisSnapshotStore`](redis_snapshots::RedisSnapshotStore), blobs cut into part keys and
+/// published atomically, with an index that gives GC their ages.
+#[cfg(feature = "redis")]
+pub use snapshot_redis as redis_snapshots;
 
 /// The parts many replicas share, on one Redis (feature `redis`): a
 /// [`RedisGuard`](redis_guard::RedisGuard) and a

@@ -96,6 +96,18 @@ pub struct BlobMeta {
     pub modified_unix: Option<i64>,
 }
 
+impl BlobMeta {
+    /// What a store reports about the blob `key` (for stores outside this crate: the struct is
+    /// `#[non_exhaustive]`).
+    pub fn new(key: BlobKey, size: u64, modified_unix: Option<i64>) -> Self {
+        BlobMeta {
+            key,
+            size,
+            modified_unix,
+        }
+    }
+}
+
 /// A keyed blob store that snapshots (archives, manifests, chunks) are written to.
 ///
 /// Contract: `put` is atomic (a reader sees the whole blob or nothing, never a prefix, also
