@@ -6,7 +6,7 @@ mod common;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use sandbox_core::snapshot::{BlobKey, SnapshotStore as _};
+use sandbox_core::snapshot::BlobKey;
 use sandbox_core::stream::ByteStream;
 use sandbox_core::testkit::blobs::pattern;
 
