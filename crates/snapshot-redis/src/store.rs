@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use futures::stream::FuturesUnordered;
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use redis::Value;
 use sandbox_core::snapshot::{BlobKey, BlobMeta, BlobStream, SnapshotStore};
 use sandbox_core::stream::ByteStream;
@@ -91,7 +91,11 @@ impl Meta {
                 .map_err(|_| format!("`{}` is not a number: {t:.40}", FIELDS[i]))
         };
         let gen_id = text(0)?;
-        if gen_id.len() != 32 || !gen_id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        if gen_id.len() != 32
+            || !gen_id
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
             return Err("`gen` is not a generation id".to_owned());
         }
         let (size, parts, part_size) = (number(1)?, number(2)?, number(3)?);
@@ -243,7 +247,10 @@ impl Inner {
             Some(now) if now.gen_id == meta.gen_id => Err(self.damaged(
                 "get",
                 key,
-                format!("part {n} holds {} bytes where {len} were expected", got.len()),
+                format!(
+                    "part {n} holds {} bytes where {len} were expected",
+                    got.len()
+                ),
             )),
             _ => Err(Error::Conflict {
                 key: key.to_owned(),
@@ -440,7 +447,11 @@ impl Inner {
             })
             .await?;
         let next = (members.len() == count)
-            .then(|| members.last().map(|m| String::from_utf8_lossy(m).into_owned()))
+            .then(|| {
+                members
+                    .last()
+                    .map(|m| String::from_utf8_lossy(m).into_owned())
+            })
             .flatten();
         let mut pipe = redis::pipe();
         for m in &members {
@@ -453,7 +464,10 @@ impl Inner {
             Vec::new()
         } else {
             self.conn
-                .run("list", |mut c| async move { pipe.query_async(&mut c).await })
+                .run(
+                    "list",
+                    |mut c| async move { pipe.query_async(&mut c).await },
+                )
                 .await?
         };
         let mut out = Vec::with_capacity(members.len());
@@ -624,10 +638,7 @@ impl SnapshotStore for RedisSnapshotStore {
             .inner
             .conn
             .run("exists", |mut c| async move {
-                redis::cmd("EXISTS")
-                    .arg(meta_key)
-                    .query_async(&mut c)
-                    .await
+                redis::cmd("EXISTS").arg(meta_key).query_async(&mut c).await
             })
             .await?;
         Ok(n > 0)
@@ -729,7 +740,13 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((ok.part_len(0), ok.part_len(2)), (1048576, 1));
-        let empty = Meta::parse(&fields([Some(GEN), Some("0"), Some("0"), Some("1024"), Some("1")]));
+        let empty = Meta::parse(&fields([
+            Some(GEN),
+            Some("0"),
+            Some("0"),
+            Some("1024"),
+            Some("1"),
+        ]));
         assert_eq!(empty.unwrap().unwrap().parts, 0);
         for bad in [
             [Some(GEN), None, Some("1"), Some("1024"), Some("1")],
@@ -737,9 +754,21 @@ mod tests {
             [Some(GEN), Some("x"), Some("1"), Some("1024"), Some("1")],
             [Some(GEN), Some("5000"), Some("1"), Some("1024"), Some("1")],
             [Some(GEN), Some("1"), Some("1"), Some("0"), Some("1")],
-            [Some(GEN), Some("1"), Some("1"), Some("999999999999"), Some("1")],
+            [
+                Some(GEN),
+                Some("1"),
+                Some("1"),
+                Some("999999999999"),
+                Some("1"),
+            ],
             [Some(GEN), Some("1"), Some("1"), Some("1024"), Some("-5")],
-            [Some(GEN), Some("18446744073709551615"), Some("1"), Some("1024"), Some("1")],
+            [
+                Some(GEN),
+                Some("18446744073709551615"),
+                Some("1"),
+                Some("1024"),
+                Some("1"),
+            ],
         ] {
             assert!(Meta::parse(&fields(bad)).is_err(), "{bad:?}");
         }

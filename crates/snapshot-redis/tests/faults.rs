@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use sandbox_core::snapshot::{BlobKey, BlobStream, SnapshotStore, SnapshotStoreExt as _};
+use sandbox_core::snapshot::{
+    BlobKey, BlobStream, SnapshotFormat, SnapshotStore, SnapshotStoreExt as _,
+};
 use sandbox_core::stream::{self, ByteStream};
 use sandbox_core::testkit::blobs::{pattern, pieces};
 use sandbox_core::{
@@ -27,7 +29,9 @@ fn key(s: &str) -> BlobKey {
 }
 
 async fn read(store: &dyn SnapshotStore, k: &BlobKey) -> Result<Vec<u8>> {
-    Ok(stream::collect(store.get(k).await?, 1 << 30).await?.to_vec())
+    Ok(stream::collect(store.get(k).await?, 1 << 30)
+        .await?
+        .to_vec())
 }
 
 /// The keys under the prefix that are not the index or a blob's metadata: the parts.
@@ -71,9 +75,19 @@ async fn failed_and_dropped_puts_leave_no_parts() {
             after: Duration::from_secs(1),
         })]))
         .boxed();
-    let err = store.put(&k, failing, None).await.expect_err("input failed");
-    assert!(matches!(err, Error::Timeout { .. }), "the input's error: {err}");
-    assert_eq!(part_keys(&options).await, published, "the failed put's parts are gone");
+    let err = store
+        .put(&k, failing, None)
+        .await
+        .expect_err("input failed");
+    assert!(
+        matches!(err, Error::Timeout { .. }),
+        "the input's error: {err}"
+    );
+    assert_eq!(
+        part_keys(&options).await,
+        published,
+        "the failed put's parts are gone"
+    );
     assert_eq!(read(&*store, &k).await.unwrap(), old);
 
     // A put whose input stalls after 1 MiB, then is dropped.
@@ -138,7 +152,10 @@ async fn readers_never_see_two_generations() {
         got.extend_from_slice(&chunk.unwrap());
     }
     assert!(got == a, "the old reader read A whole");
-    assert!(read(&*store, &k).await.unwrap() == b, "a new reader reads B");
+    assert!(
+        read(&*store, &k).await.unwrap() == b,
+        "a new reader reads B"
+    );
     // A's parts are retired: they expire after the grace period (60 s).
     let parts = part_keys(&options).await;
     assert_eq!(parts.len(), 32, "A's 16 parts (retiring) and B's 16");
@@ -265,7 +282,10 @@ async fn damaged_data_is_a_typed_error() {
 
     // A put over damaged metadata repairs it; delete removes what is there.
     for k in [&bad_meta, &wrong_type] {
-        store.put_bytes(k, Bytes::from_static(b"fresh")).await.unwrap();
+        store
+            .put_bytes(k, Bytes::from_static(b"fresh"))
+            .await
+            .unwrap();
         assert_eq!(read(&*store, k).await.unwrap(), b"fresh");
         store.delete(k).await.unwrap();
         assert!(!store.exists(k).await.unwrap());
@@ -286,7 +306,11 @@ async fn ttl_covers_every_key_and_the_index_forgets_expired_blobs() {
         .await
         .unwrap();
     let names = common::keys(url, p).await;
-    assert_eq!(names.len(), 1 + 1 + 3, "index, metadata, 3 parts: {names:?}");
+    assert_eq!(
+        names.len(),
+        1 + 1 + 3,
+        "index, metadata, 3 parts: {names:?}"
+    );
     for name in &names {
         let left = pttl(url, name).await;
         if name == &format!("{p}blobs") {
@@ -296,14 +320,20 @@ async fn ttl_covers_every_key_and_the_index_forgets_expired_blobs() {
         }
     }
     let listed = store.list_all("chunks/").await.unwrap();
-    assert_eq!(common::sizes(&listed), [("chunks/aa/c1".to_owned(), 10_000)]);
+    assert_eq!(
+        common::sizes(&listed),
+        [("chunks/aa/c1".to_owned(), 10_000)]
+    );
 
     let deadline = Instant::now() + Duration::from_secs(10);
     while store.exists(&k).await.unwrap() {
         assert!(Instant::now() < deadline, "the blob did not expire");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(matches!(store.get(&k).await.err(), Some(Error::NotFound { .. })));
+    assert!(matches!(
+        store.get(&k).await.err(),
+        Some(Error::NotFound { .. })
+    ));
     // The index still names it until a listing prunes the entry.
     let score: Option<f64> = redis::cmd("ZSCORE")
         .arg(format!("{p}blobs"))
@@ -342,7 +372,10 @@ async fn redis_down_or_paused_is_a_retryable_error() {
     )
     .unwrap();
     let k = key("snapshots/ns/x");
-    store.put_bytes(&k, Bytes::from_static(b"v1")).await.unwrap();
+    store
+        .put_bytes(&k, Bytes::from_static(b"v1"))
+        .await
+        .unwrap();
 
     server.pause();
     let err = store
@@ -352,12 +385,19 @@ async fn redis_down_or_paused_is_a_retryable_error() {
     retryable("put, paused", &err);
     retryable("get, paused", &store.get(&k).await.err().expect("paused"));
     server.resume();
-    assert_eq!(read(&store, &k).await.unwrap(), b"v1", "the failed put changed nothing");
+    assert_eq!(
+        read(&store, &k).await.unwrap(),
+        b"v1",
+        "the failed put changed nothing"
+    );
 
     server.kill();
     retryable(
         "put, down",
-        &store.put_bytes(&k, Bytes::from_static(b"v2")).await.unwrap_err(),
+        &store
+            .put_bytes(&k, Bytes::from_static(b"v2"))
+            .await
+            .unwrap_err(),
     );
     retryable("get, down", &store.get(&k).await.err().expect("down"));
     retryable(
@@ -436,6 +476,7 @@ fn manager(
     base: &std::path::Path,
     states: &Arc<FileStateStore>,
     store: Arc<dyn SnapshotStore>,
+    format: SnapshotFormat,
 ) -> SandboxManager {
     let client = LocalClient::new(
         LocalOptions::default()
@@ -445,19 +486,42 @@ fn manager(
     SandboxManager::builder(Arc::new(client))
         .scope(IsolationScope::User)
         .state_store(states.clone())
-        .config(SandboxConfig::new(WorkspaceSpec::default()).snapshots(SnapshotSpec::new(store)))
+        .config(
+            SandboxConfig::new(WorkspaceSpec::default())
+                .snapshots(SnapshotSpec::new(store).format(format)),
+        )
         .build()
         .expect("manager")
 }
 
-/// Redis killed while a stop streams the snapshot into it: the call fails with a retryable
-/// error, saves nothing, and once Redis is back the previous snapshot restores; what the cut
-/// put left behind expires.
+/// Redis killed while a stop streams the snapshot into it (the tar format: one archive
+/// streamed into one put, cut after 1 MiB): the call fails with a retryable error, saves
+/// nothing, and once Redis is back the previous snapshot restores; what the cut put left
+/// behind expires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(redis_tests), ignore = "needs Redis; run by cargo xtask test")]
 async fn redis_killed_mid_stop_keeps_the_previous_snapshot() {
+    killed_mid_stop(SnapshotFormat::Tar, 1024 * 1024).await;
+}
+
+/// The same with the chunked format (content-addressed chunks, one put each: cut in the
+/// first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(redis_tests), ignore = "needs Redis; run by cargo xtask test")]
+async fn redis_killed_mid_chunked_stop_keeps_the_previous_snapshot() {
+    killed_mid_stop(SnapshotFormat::Chunked, 1).await;
+}
+
+async fn killed_mid_stop(format: SnapshotFormat, after: usize) {
     let tmp = tempfile::tempdir().unwrap();
-    let mut server = Server::start(&["--appendonly", "yes", "--appendfsync", "always", "--save", ""]);
+    let mut server = Server::start(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--save",
+        "",
+    ]);
     let options = RedisSnapshotOptions::new(server.url(None))
         .key_prefix("t:")
         .part_size(64 * 1024)
@@ -466,10 +530,10 @@ async fn redis_killed_mid_stop_keeps_the_previous_snapshot() {
     let store = Arc::new(KillMidPut {
         inner: RedisSnapshotStore::new(options.clone()).unwrap(),
         pid: Mutex::new(None),
-        after: 1024 * 1024,
+        after,
     });
     let states = Arc::new(FileStateStore::new(tmp.path().join("states")));
-    let m = manager(&tmp.path().join("host-a"), &states, store.clone());
+    let m = manager(&tmp.path().join("host-a"), &states, store.clone(), format);
     let ctx = CallContext::new("redis-snap").user("alice");
 
     m.call(&ctx, |sb| async move {
@@ -491,13 +555,16 @@ async fn redis_killed_mid_stop_keeps_the_previous_snapshot() {
         .expect("exec");
     *store.pid.lock().unwrap() = server.pid();
     let err = call.finish().await.expect_err("Redis died mid-stop");
-    assert!(store.pid.lock().unwrap().is_none(), "the kill happened in a put");
+    assert!(
+        store.pid.lock().unwrap().is_none(),
+        "the kill happened in a put"
+    );
     retryable("stop", &err.error);
     assert!(!err.report.expect("report").persisted);
 
     server.restart();
     // Another replica (a box directory of its own) restores the first call's snapshot.
-    let other = manager(&tmp.path().join("host-b"), &states, store.clone());
+    let other = manager(&tmp.path().join("host-b"), &states, store.clone(), format);
     let deadline = Instant::now() + Duration::from_secs(20);
     let seen = loop {
         match other
