@@ -207,6 +207,24 @@ impl Inner {
             .await
     }
 
+    /// Restart the upload TTL of parts `0..started` of an unpublished generation (parts not
+    /// written yet get theirs with their `SET`).
+    async fn renew_parts(&self, key: &str, gen_id: &str, started: u64) -> Result<()> {
+        let mut pipe = redis::pipe();
+        for n in 0..started {
+            pipe.cmd("PEXPIRE")
+                .arg(self.part_key(key, gen_id, n))
+                .arg(self.upload_ttl_ms)
+                .ignore();
+        }
+        let pipe = &pipe;
+        self.conn
+            .run("put", |mut c| async move {
+                pipe.query_async::<()>(&mut c).await
+            })
+            .await
+    }
+
     /// Read bytes `[start, start + len)` of part `n` (the whole part with `GET`, else
     /// `GETRANGE`). A part that is missing or of another length is reported by what happened:
     /// the blob was replaced or removed while read ([`Error::Conflict`]), or it is damaged.
@@ -301,20 +319,25 @@ impl Inner {
                 format!("the stream gave {total} bytes, {size:?} were announced"),
             )
         };
+        // Parts written wait for the publish under the upload TTL, renewed while the put
+        // lasts (a slow input, a long blob).
+        let renew_every = std::time::Duration::from_millis(self.upload_ttl_ms / 3);
+        let mut renew_at = tokio::time::Instant::now() + renew_every;
         loop {
-            let next = if writes.is_empty() {
-                data.next().await
-            } else {
-                // Part writes progress while the input is awaited.
-                tokio::select! {
-                    biased;
-                    done = writes.next() => {
-                        let done: Option<Result<()>> = done;
-                        done.expect("not empty")?;
-                        continue;
-                    }
-                    chunk = data.next() => chunk,
+            // Part writes progress while the input is awaited.
+            let next = tokio::select! {
+                biased;
+                done = writes.next(), if !writes.is_empty() => {
+                    let done: Option<Result<()>> = done;
+                    done.expect("not empty")?;
+                    continue;
                 }
+                () = tokio::time::sleep_until(renew_at), if orphans.started > 0 => {
+                    self.renew_parts(key, &orphans.gen_id, orphans.started).await?;
+                    renew_at = tokio::time::Instant::now() + renew_every;
+                    continue;
+                }
+                chunk = data.next() => chunk,
             };
             let Some(chunk) = next else { break };
             let mut chunk = chunk?;

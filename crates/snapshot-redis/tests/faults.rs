@@ -134,6 +134,33 @@ async fn failed_and_dropped_puts_leave_no_parts() {
     assert_eq!(part_keys(&options).await, published);
 }
 
+/// A put that lasts three times its upload TTL (a slow input) keeps its early parts alive
+/// until it publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(redis_tests), ignore = "needs Redis; run by cargo xtask test")]
+async fn a_slow_put_outlives_its_upload_ttl() {
+    let options = common::options()
+        .part_size(4096)
+        .upload_ttl(Duration::from_secs(1));
+    let (store, _purge) = common::store_with(options.clone()).await;
+    let k = key("packs/slow");
+    let data = pattern(6, 30 * 10_000);
+    let slow = futures::stream::iter(
+        data.chunks(10_000)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect::<Vec<Result<Bytes>>>(),
+    )
+    .then(|chunk| async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        chunk
+    })
+    .boxed();
+    let started = Instant::now();
+    store.put(&k, slow, None).await.expect("the slow put");
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    assert!(read(&*store, &k).await.unwrap() == data);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(redis_tests), ignore = "needs Redis; run by cargo xtask test")]
 async fn readers_never_see_two_generations() {

@@ -78,7 +78,10 @@ async fn passwords_and_contents_stay_out_of_logs() {
         assert!(logs.contains(span), "{span} missing from the logs:\n{logs}");
     }
     assert!(!logs.contains(SECRET), "the password was logged:\n{logs}");
-    assert!(!logs.contains("CONTENT-MARKER"), "blob contents were logged");
+    assert!(
+        !logs.contains("CONTENT-MARKER"),
+        "blob contents were logged"
+    );
     for text in shown {
         assert!(!text.contains(SECRET), "the password was shown: {text}");
     }

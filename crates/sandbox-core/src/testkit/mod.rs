@@ -796,7 +796,11 @@ pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
         .call(&ctx, |sb| async move {
             // An archive of several stream chunks: the store fails on the first, so the
             // side parser meets a truncated archive; the store's error must win.
-            sh(&sb, "echo lost > g.txt; head -c 2000000 /dev/zero > big.bin").await;
+            sh(
+                &sb,
+                "echo lost > g.txt; head -c 2000000 /dev/zero > big.bin",
+            )
+            .await;
         })
         .await
         .expect_err("the snapshot fails");
