@@ -22,7 +22,7 @@ pub const MIN_PART_SIZE: usize = 1024;
 /// | `parts_in_flight` | 4 | part writes (and reads) pipelined at once; memory is about `part_size` × (2 × this + 1) per transfer |
 /// | `ttl` | none | every key of a blob expires this long after its put |
 /// | `replaced_grace` | 60 s | parts of a replaced or deleted blob stay readable this long for readers that already started |
-/// | `upload_ttl` | 1 h | parts of a put not yet published expire after this (a crashed writer leaves nothing for longer) |
+/// | `upload_ttl` | 1 h | parts of a put not yet published expire after this unless the put renews them (every third of it): a crashed writer leaves nothing for longer |
 ///
 /// `Debug` shows the URL with its password replaced by `***`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +38,8 @@ pub struct RedisSnapshotOptions {
     pub ttl: Option<Duration>,
     /// How long the parts of a replaced or deleted blob remain for readers already reading.
     pub replaced_grace: Duration,
-    /// Expiry of parts written by a put that has not published them yet.
+    /// Expiry of parts written by a put that has not published them yet (renewed by the put
+    /// every third of it while it runs).
     pub upload_ttl: Duration,
 }
 
