@@ -75,8 +75,16 @@ struct Row {
 async fn main() {
     let server = Server::start(&["--save", "", "--appendonly", "no"]);
     let url = server.url(None);
-    let store = RedisSnapshotStore::new(RedisSnapshotOptions::new(&url).key_prefix("bench:"))
-        .expect("store");
+    let in_flight: usize = std::env::var("BENCH_IN_FLIGHT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let store = RedisSnapshotStore::new(
+        RedisSnapshotOptions::new(&url)
+            .key_prefix("bench:")
+            .parts_in_flight(in_flight),
+    )
+    .expect("store");
     let mut raw = redis::Client::open(url.as_str())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -180,7 +188,10 @@ async fn main() {
         let t = Instant::now();
         for &at in &offsets {
             let got = sandbox_core::stream::collect(
-                store.get_range(&key, at as u64, 65_536).await.expect("range"),
+                store
+                    .get_range(&key, at as u64, 65_536)
+                    .await
+                    .expect("range"),
                 1 << 20,
             )
             .await

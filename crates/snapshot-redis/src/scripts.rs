@@ -38,7 +38,11 @@ end
 /// Publish a generation whose parts are written.
 ///
 /// KEYS: meta, index. ARGV: blob key (index member), part base, gen, size, parts, part size,
-/// ttl ms (`''`: none), grace ms. Checks every part exists (unpublished parts expire after the
+/// ttl ms (`''`: none), grace ms, a deadline in the server's clock (ms; `''`: none) past which
+/// it does nothing (a publish that reaches the server after its writer gave up, and reported
+/// the put as failed, never lands), and, for a blob of one part, optionally that part (written
+/// here: a small blob is one round trip). Answers `{'expired'}` past the deadline. Checks
+/// every part exists (unpublished parts expire after the
 /// upload TTL), replaces the metadata (a damaged one too), gives the parts and the metadata the
 /// blob's TTL (or removes the upload TTL), indexes the key and retires the previous generation.
 /// Answers `{'ok', modified_ms}` or `{'missing', n}`.
@@ -47,6 +51,8 @@ pub(crate) static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
         "{SHEBANG}{LUA_COMMON}{}",
         r#"
 local base, gen, parts, ttl = ARGV[2], ARGV[3], tonumber(ARGV[5]), ARGV[7]
+if ARGV[9] ~= '' and now_ms() > tonumber(ARGV[9]) then return {'expired'} end
+if ARGV[10] then redis.call('SET', base .. gen .. ':0', ARGV[10]) end
 for i = 0, parts - 1 do
   if redis.call('EXISTS', base .. gen .. ':' .. i) == 0 then return {'missing', tostring(i)} end
 end

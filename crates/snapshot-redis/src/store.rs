@@ -39,6 +39,17 @@ struct Inner {
     grace_ms: u64,
     upload_ttl_ms: u64,
     page_size: usize,
+    /// The server's clock minus ours (ms), from the last reply that carried it: turns a
+    /// publish's local deadline into the server's time. (Measured when the reply arrives, so
+    /// a deadline computed with it errs early: the safe side.)
+    clock_offset_ms: std::sync::Mutex<Option<i64>>,
+}
+
+/// This host's clock, ms since the epoch.
+fn local_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl fmt::Debug for RedisSnapshotStore {
@@ -134,6 +145,7 @@ impl RedisSnapshotStore {
                 grace_ms: millis(options.replaced_grace),
                 upload_ttl_ms: millis(options.upload_ttl),
                 page_size: options.connection.page_size,
+                clock_offset_ms: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -301,14 +313,15 @@ impl Inner {
             .boxed()
     }
 
-    /// Write the parts of `data` under `gen_id`; returns the bytes and parts written.
+    /// Write the parts of `data` under `gen_id`; returns the bytes and parts, and the only
+    /// part of a blob that fits in one, left for the publish to write.
     async fn write_parts(
         &self,
         key: &str,
         data: &mut ByteStream,
         size: Option<u64>,
         orphans: &mut Orphans,
-    ) -> Result<(u64, u64)> {
+    ) -> Result<(u64, u64, Option<Bytes>)> {
         let ps = self.part_size;
         let mut buf = BytesMut::new();
         let mut writes = FuturesUnordered::new();
@@ -367,32 +380,49 @@ impl Inner {
                 writes.push(self.set_part(self.part_key(key, &orphans.gen_id, n), part));
             }
         }
+        if size.is_some_and(|s| total != s) {
+            return Err(too_long(total));
+        }
+        let mut single = None;
         if !buf.is_empty() {
             let n = orphans.started;
             orphans.started += 1;
-            writes.push(self.set_part(self.part_key(key, &orphans.gen_id, n), buf.freeze()));
+            if n == 0 {
+                single = Some(buf.freeze());
+            } else {
+                writes.push(self.set_part(self.part_key(key, &orphans.gen_id, n), buf.freeze()));
+            }
         }
         while let Some(done) = writes.next().await {
             done?;
         }
-        if size.is_some_and(|s| total != s) {
-            return Err(too_long(total));
-        }
-        Ok((total, orphans.started))
+        Ok((total, orphans.started, single))
     }
 
-    /// The switch: publish `gen_id` as the blob (see [`PUBLISH`]).
-    async fn publish(&self, key: &str, gen_id: &str, size: u64, parts: u64) -> Result<()> {
+    /// The switch: publish `gen_id` as the blob (see [`PUBLISH`]), writing its `single` part
+    /// first when given.
+    async fn publish(
+        &self,
+        key: &str,
+        gen_id: &str,
+        size: u64,
+        parts: u64,
+        single: Option<&Bytes>,
+    ) -> Result<()> {
         let (meta_key, index, base) = (self.meta_key(key), self.index_key(), self.part_base(key));
         let ttl = self.ttl_ms.map(|t| t.to_string()).unwrap_or_default();
         let (meta_key, index, base, ttl) = (&meta_key, &index, &base, &ttl);
         let (part_size, grace) = (self.part_size, self.grace_ms);
+        let deadline = (local_ms()
+            + i64::try_from(self.conn.budget().as_millis()).unwrap_or(i64::MAX / 2)
+            + self.clock_offset().await?)
+            .to_string();
+        let deadline = &deadline;
         let reply: Value = self
             .conn
             .run("put", |mut c| async move {
-                PUBLISH
-                    .key(meta_key)
-                    .key(index)
+                let mut call = PUBLISH.key(meta_key);
+                call.key(index)
                     .arg(key)
                     .arg(base)
                     .arg(gen_id)
@@ -401,12 +431,28 @@ impl Inner {
                     .arg(part_size)
                     .arg(ttl)
                     .arg(grace)
-                    .invoke_async(&mut c)
-                    .await
+                    .arg(deadline);
+                if let Some(part) = single {
+                    call.arg(&part[..]);
+                }
+                call.invoke_async(&mut c).await
             })
             .await?;
         match strings(&reply).as_deref() {
-            Some([ok, _]) if ok == "ok" => Ok(()),
+            Some([ok, server_ms]) if ok == "ok" => {
+                if let Ok(server_ms) = server_ms.parse::<i64>() {
+                    self.set_clock_offset(server_ms);
+                }
+                Ok(())
+            }
+            // It arrived after its caller gave up (who therefore saw a timeout): nothing was
+            // published. Said as the timeout it is.
+            Some([expired]) if expired == "expired" => Err(Error::Timeout {
+                operation: format!(
+                    "redis put of `{key}` (the publish reached the server after its deadline)"
+                ),
+                after: self.conn.budget(),
+            }),
             Some([missing, n]) if missing == "missing" => Err(Error::Timeout {
                 operation: format!(
                     "redis put of `{key}`: part {n} expired before the blob was published \
@@ -416,6 +462,33 @@ impl Inner {
             }),
             _ => Err(self.conn.unexpected("put", &reply)),
         }
+    }
+
+    /// The server's clock minus ours, asked with `TIME` the first time.
+    async fn clock_offset(&self) -> Result<i64> {
+        if let Some(offset) = *self
+            .clock_offset_ms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
+            return Ok(offset);
+        }
+        let (secs, micros): (i64, i64) = self
+            .conn
+            .run("time", |mut c| async move {
+                redis::cmd("TIME").query_async(&mut c).await
+            })
+            .await?;
+        Ok(self.set_clock_offset(secs * 1000 + micros / 1000))
+    }
+
+    fn set_clock_offset(&self, server_ms: i64) -> i64 {
+        let offset = server_ms - local_ms();
+        *self
+            .clock_offset_ms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(offset);
+        offset
     }
 
     /// Remove the parts of an unpublished generation (see [`ABANDON`]).
@@ -614,7 +687,7 @@ impl SnapshotStore for RedisSnapshotStore {
         let written = inner
             .write_parts(key.as_str(), &mut data, size, &mut orphans)
             .await;
-        let (total, parts) = match written {
+        let (total, parts, single) = match written {
             Ok(w) => w,
             Err(e) => {
                 orphans.clean().await;
@@ -622,7 +695,7 @@ impl SnapshotStore for RedisSnapshotStore {
             }
         };
         match inner
-            .publish(key.as_str(), &orphans.gen_id, total, parts)
+            .publish(key.as_str(), &orphans.gen_id, total, parts, single.as_ref())
             .await
         {
             Ok(()) => {
