@@ -136,3 +136,29 @@ return n
 "#
     ))
 });
+
+/// Open a blob for reading in one round trip: its metadata and the first bytes a read needs.
+///
+/// KEYS: meta. ARGV: part base, offset, length. Answers the metadata fields (as `HMGET` of
+/// `gen`, `size`, `parts`, `part_size`, `modified_ms`) and the range's bytes within its first
+/// part (`''` when there are none, or when the metadata is not numbers: the caller checks it).
+pub(crate) static OPEN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"#!lua flags=no-writes
+local f = redis.call('HMGET', KEYS[1], 'gen', 'size', 'parts', 'part_size', 'modified_ms')
+local data = ''
+local size, ps = tonumber(f[2]), tonumber(f[4])
+if f[1] and size and ps and ps > 0 then
+  local off = tonumber(ARGV[2])
+  local stop = math.min(off + tonumber(ARGV[3]), size)
+  if off < stop then
+    local n = math.floor(off / ps)
+    local last = math.min(stop, (n + 1) * ps) - 1
+    data = redis.call('GETRANGE', ARGV[1] .. f[1] .. ':' .. string.format('%d', n),
+      string.format('%d', off - n * ps), string.format('%d', last - n * ps))
+  end
+end
+return {f[1], f[2], f[3], f[4], f[5], data}
+"#,
+    )
+});

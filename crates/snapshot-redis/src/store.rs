@@ -15,7 +15,7 @@ use sandbox_core::{Error, Reach, Result};
 use store_redis::conn::{Conn, Damage, strings};
 
 use crate::options::{MAX_PART_SIZE, RedisSnapshotOptions, millis};
-use crate::scripts::{ABANDON, DELETE, PRUNE, PUBLISH};
+use crate::scripts::{ABANDON, DELETE, OPEN, PRUNE, PUBLISH};
 
 /// The metadata fields, in the order they are read.
 const FIELDS: [&str; 5] = ["gen", "size", "parts", "part_size", "modified_ms"];
@@ -270,6 +270,18 @@ impl Inner {
                 }
             })
             .await?;
+        self.checked(key, meta, n, got, len).await
+    }
+
+    /// `got`, read from part `n`, if it has the `len` bytes expected; else what happened.
+    async fn checked(
+        &self,
+        key: &str,
+        meta: &Meta,
+        n: u64,
+        got: Vec<u8>,
+        len: u64,
+    ) -> Result<Bytes> {
         if got.len() as u64 == len {
             return Ok(Bytes::from(got));
         }
@@ -289,6 +301,46 @@ impl Inner {
                     .to_owned(),
             }),
         }
+    }
+
+    /// Stream `len` bytes of the blob from `offset`: the metadata and the first part's bytes
+    /// come in one round trip ([`OPEN`]), the other parts after, a few ahead.
+    async fn open(self: &Arc<Self>, key: &BlobKey, offset: u64, len: u64) -> Result<ByteStream> {
+        let (meta_key, base) = (self.meta_key(key.as_str()), self.part_base(key.as_str()));
+        let (meta_key, base) = (&meta_key, &base);
+        // Lua numbers are doubles: keep what the script adds up exact.
+        let (offset, len) = (offset.min(1 << 52), len.min(1 << 52));
+        let mut reply: Vec<Option<Vec<u8>>> = self
+            .conn
+            .run("get", |mut c| async move {
+                OPEN.key(meta_key)
+                    .arg(base)
+                    .arg(offset)
+                    .arg(len)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        if reply.len() != FIELDS.len() + 1 {
+            return Err(self.damaged("get", key.as_str(), "the metadata could not be read"));
+        }
+        let first = reply.pop().flatten().unwrap_or_default();
+        let meta = Meta::parse(&reply)
+            .map_err(|reason| self.damaged("get", key.as_str(), reason))?
+            .ok_or_else(|| not_found(key))?;
+        let end = offset.saturating_add(len).min(meta.size);
+        if offset >= end {
+            return Ok(futures::stream::empty().boxed());
+        }
+        let n = offset / meta.part_size;
+        let first_end = end.min(n * meta.part_size + meta.part_len(n));
+        let first = self
+            .checked(key.as_str(), &meta, n, first, first_end - offset)
+            .await?;
+        let rest = self.stream(key, meta, first_end, end);
+        Ok(futures::stream::once(async move { Ok(first) })
+            .chain(rest)
+            .boxed())
     }
 
     /// Stream bytes `[offset, end)` of the blob `meta` describes, a few parts ahead.
@@ -712,18 +764,12 @@ impl SnapshotStore for RedisSnapshotStore {
 
     #[tracing::instrument(level = "debug", name = "redis_blob_get", skip_all, fields(key = %key))]
     async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
-        let meta = self.inner.meta("get", key.as_str()).await?;
-        let meta = meta.ok_or_else(|| not_found(key))?;
-        let size = meta.size;
-        Ok(self.inner.stream(key, meta, 0, size))
+        self.inner.open(key, 0, u64::MAX).await
     }
 
     #[tracing::instrument(level = "debug", name = "redis_blob_get_range", skip_all, fields(key = %key, offset, len))]
     async fn get_range(&self, key: &BlobKey, offset: u64, len: u64) -> Result<ByteStream> {
-        let meta = self.inner.meta("get", key.as_str()).await?;
-        let meta = meta.ok_or_else(|| not_found(key))?;
-        let end = offset.saturating_add(len).min(meta.size);
-        Ok(self.inner.stream(key, meta, offset, end))
+        self.inner.open(key, offset, len).await
     }
 
     #[tracing::instrument(level = "debug", name = "redis_blob_exists", skip_all, fields(key = %key))]
