@@ -7,10 +7,12 @@
 //! - put of a 64 MiB blob (a pack) streamed in 256 KiB pieces, against `SET`s of its 1 MiB
 //!   parts with as many in flight (the floor: what any layout of 1 MiB values costs);
 //! - get of it, against `GET`s of the parts;
-//! - 200 ranged reads of 64 KiB at random offsets, against one `GETRANGE` each;
+//! - 200 ranged reads of 64 KiB, then of 4 KiB, at scattered offsets, against one `GETRANGE`
+//!   each;
 //! - 500 puts of 4 KiB blobs one after another, against one `SET` each.
 //!
 //! Prints a table: times, the ratio to the floor, and commands per operation.
+//! `BENCH_IN_FLIGHT` sets the store's `parts_in_flight` (default 4, as the floor's).
 
 use std::time::{Duration, Instant};
 
@@ -179,52 +181,63 @@ async fn main() {
     });
 
     // Ranged reads.
-    let offsets: Vec<usize> = (0..RANGES)
-        .map(|i| (i * 7_919 * 4096 + 12_345) % (BLOB - 65_536))
-        .collect();
-    let (mut s, mut f) = (Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
-        let before = commands(&mut raw).await;
-        let t = Instant::now();
-        for &at in &offsets {
-            let got = sandbox_core::stream::collect(
-                store
-                    .get_range(&key, at as u64, 65_536)
-                    .await
-                    .expect("range"),
-                1 << 20,
-            )
-            .await
-            .expect("read");
-            assert!(got[..] == blob[at..at + 65_536]);
-        }
-        s.push(t.elapsed());
-        let mid = commands(&mut raw).await;
-        let t = Instant::now();
-        for &at in &offsets {
-            // The floor reads the bytes from one part (a range may span two in the store).
-            let (part, start) = (at / MIB, at % MIB);
-            let got: Vec<u8> = redis::cmd("GETRANGE")
-                .arg(format!("floor:0:{part}"))
-                .arg(start)
-                .arg(start + 65_535)
-                .query_async(&mut raw)
+    for (len, what) in [
+        (65_536usize, "200 ranges of 64 KiB"),
+        (4096, "200 ranges of 4 KiB"),
+    ] {
+        let offsets: Vec<usize> = (0..RANGES)
+            .map(|i| (i * 7_919 * 4096 + 12_345) % (BLOB - len))
+            .collect();
+        let (mut s, mut f) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let before = commands(&mut raw).await;
+            let t = Instant::now();
+            for &at in &offsets {
+                let got = sandbox_core::stream::collect(
+                    store
+                        .get_range(&key, at as u64, len as u64)
+                        .await
+                        .expect("range"),
+                    1 << 20,
+                )
                 .await
-                .expect("GETRANGE");
-            assert!(!got.is_empty());
+                .expect("read");
+                if got[..] != blob[at..at + len] {
+                    let first = got.iter().zip(&blob[at..]).position(|(a, b)| a != b);
+                    panic!(
+                        "len {len} at {at}: got {} bytes, first difference at {first:?}",
+                        got.len()
+                    );
+                }
+            }
+            s.push(t.elapsed());
+            let mid = commands(&mut raw).await;
+            let t = Instant::now();
+            for &at in &offsets {
+                // The floor reads the bytes from one part (a range may span two in the store).
+                let (part, start) = (at / MIB, at % MIB);
+                let got: Vec<u8> = redis::cmd("GETRANGE")
+                    .arg(format!("floor:0:{part}"))
+                    .arg(start)
+                    .arg(start + len - 1)
+                    .query_async(&mut raw)
+                    .await
+                    .expect("GETRANGE");
+                assert!(!got.is_empty());
+            }
+            f.push(t.elapsed());
+            let after = commands(&mut raw).await;
+            sc = mid - before - 1;
+            fc = after - mid - 1;
         }
-        f.push(t.elapsed());
-        let after = commands(&mut raw).await;
-        sc = mid - before - 1;
-        fc = after - mid - 1;
+        rows.push(Row {
+            what,
+            store: median(s),
+            floor: median(f),
+            store_cmds: sc as f64 / RANGES as f64,
+            floor_cmds: fc as f64 / RANGES as f64,
+        });
     }
-    rows.push(Row {
-        what: "200 ranges of 64 KiB",
-        store: median(s),
-        floor: median(f),
-        store_cmds: sc as f64 / RANGES as f64,
-        floor_cmds: fc as f64 / RANGES as f64,
-    });
 
     // Small puts.
     let small = blob.slice(..4096);

@@ -139,9 +139,11 @@ return n
 
 /// Open a blob for reading in one round trip: its metadata and the first bytes a read needs.
 ///
-/// KEYS: meta. ARGV: part base, offset, length. Answers the metadata fields (as `HMGET` of
-/// `gen`, `size`, `parts`, `part_size`, `modified_ms`) and the range's bytes within its first
-/// part (`''` when there are none, or when the metadata is not numbers: the caller checks it).
+/// KEYS: meta. ARGV: part base, offset, length, most bytes to return. Answers the metadata
+/// fields (as `HMGET` of `gen`, `size`, `parts`, `part_size`, `modified_ms`) and the range's
+/// bytes within its first part when they are at most that many (else `''`, as when there are
+/// none or the metadata is not numbers: the caller checks it). Large values are read with
+/// plain commands: passing them through Lua costs several times a `GETRANGE`.
 pub(crate) static OPEN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"#!lua flags=no-writes
@@ -154,8 +156,10 @@ if f[1] and size and ps and ps > 0 then
   if off < stop then
     local n = math.floor(off / ps)
     local last = math.min(stop, (n + 1) * ps) - 1
-    data = redis.call('GETRANGE', ARGV[1] .. f[1] .. ':' .. string.format('%d', n),
-      string.format('%d', off - n * ps), string.format('%d', last - n * ps))
+    if last - off + 1 <= tonumber(ARGV[4]) then
+      data = redis.call('GETRANGE', ARGV[1] .. f[1] .. ':' .. string.format('%d', n),
+        string.format('%d', off - n * ps), string.format('%d', last - n * ps))
+    end
   end
 end
 return {f[1], f[2], f[3], f[4], f[5], data}

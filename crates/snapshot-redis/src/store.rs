@@ -17,6 +17,11 @@ use store_redis::conn::{Conn, Damage, strings};
 use crate::options::{MAX_PART_SIZE, RedisSnapshotOptions, millis};
 use crate::scripts::{ABANDON, DELETE, OPEN, PRUNE, PUBLISH};
 
+/// The largest part a script carries (the one part of a small blob written by the publish,
+/// the first bytes of a read returned by the open): beyond this, moving bytes through Lua
+/// costs more than the round trip it saves.
+const INLINE_MAX: u64 = 16 * 1024;
+
 /// The metadata fields, in the order they are read.
 const FIELDS: [&str; 5] = ["gen", "size", "parts", "part_size", "modified_ms"];
 
@@ -317,6 +322,7 @@ impl Inner {
                     .arg(base)
                     .arg(offset)
                     .arg(len)
+                    .arg(INLINE_MAX)
                     .invoke_async(&mut c)
                     .await
             })
@@ -334,6 +340,9 @@ impl Inner {
         }
         let n = offset / meta.part_size;
         let first_end = end.min(n * meta.part_size + meta.part_len(n));
+        if first_end - offset > INLINE_MAX {
+            return Ok(self.stream(key, meta, offset, end));
+        }
         let first = self
             .checked(key.as_str(), &meta, n, first, first_end - offset)
             .await?;
@@ -439,7 +448,7 @@ impl Inner {
         if !buf.is_empty() {
             let n = orphans.started;
             orphans.started += 1;
-            if n == 0 {
+            if n == 0 && buf.len() as u64 <= INLINE_MAX {
                 single = Some(buf.freeze());
             } else {
                 writes.push(self.set_part(self.part_key(key, &orphans.gen_id, n), buf.freeze()));
