@@ -19,6 +19,11 @@ pub use sandbox_fs as fs;
 /// (feature `redis`).
 #[cfg(feature = "redis")]
 pub use guard_redis as redis_guard;
+/// The Redis snapshot store (feature `redis`):
+/// [`RedisSnapshotStore`](redis_snapshots::RedisSnapshotStore), blobs cut into part keys and
+/// published atomically, with an index that gives GC their ages.
+#[cfg(feature = "redis")]
+pub use snapshot_redis as redis_snapshots;
 /// Redis stores (feature `redis`): [`RedisStateStore`](redis_store::RedisStateStore), the
 /// fenced state store every replica shares, and [`RedisKvStore`](redis_store::RedisKvStore),
 /// the shared-store filesystem's versioned key-value store.

@@ -1,5 +1,9 @@
 //! One lazily connected `ConnectionManager` per store, the time limits around every call, and
 //! the conversion of `redis` errors into [`sandbox_core::Error`] (with secrets scrubbed).
+//!
+//! Public as the connection layer of every Redis store of the workspace (this crate's, and
+//! `snapshot-redis`'s blob store): one place decides URL handling, deadlines, the resend after a
+//! dropped connection and how outages are reported (`Unavailable`, `Timeout`: retryable).
 
 use std::fmt;
 use std::future::Future;
@@ -13,21 +17,21 @@ use std::sync::Mutex;
 use crate::options::RedisOptions;
 
 /// The backend tag used in [`Error::Backend`].
-pub(crate) const BACKEND: &str = "redis";
+pub const BACKEND: &str = "redis";
 
 /// How damaged data in a store's keys is reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Damage {
+pub enum Damage {
     /// As [`Error::MalformedState`].
     State,
-    /// As [`Error::Backend`] naming the damage.
+    /// As [`Error::Backend`] naming the damage (key-value entries, snapshot blobs).
     Kv,
 }
 
 /// A store's connection: created on first use, reconnected by `redis`'s manager after an I/O
 /// failure (the failed call is reported, the next one waits for the new connection), and
 /// replaced after failures the manager would keep returning (see [`Conn::run`]).
-pub(crate) struct Conn {
+pub struct Conn {
     client: redis::Client,
     manager: Mutex<Option<ConnectionManager>>,
     /// `redis at host:port`: names the service in errors, never with credentials.
@@ -51,7 +55,7 @@ impl fmt::Debug for Conn {
 
 impl Conn {
     /// Check `options` and prepare the client (no I/O).
-    pub(crate) fn new(options: &RedisOptions, damage: Damage) -> Result<Conn> {
+    pub fn new(options: &RedisOptions, damage: Damage) -> Result<Conn> {
         let scheme = options.url.split_once("://").map(|(s, _)| s);
         if matches!(scheme, Some("rediss" | "valkeys")) {
             return Err(Error::invalid(
@@ -117,7 +121,7 @@ impl Conn {
     }
 
     /// `redis at host:port`.
-    pub(crate) fn service(&self) -> &str {
+    pub fn service(&self) -> &str {
         &self.service
     }
 
@@ -155,7 +159,7 @@ impl Conn {
     /// sent once more on the reconnected connection: every call of the stores is idempotent
     /// (fenced writes, compare-and-set scripts; a repeated `INCR` of a fence only skips a
     /// number).
-    pub(crate) async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T>
+    pub async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T>
     where
         F: Fn(ConnectionManager) -> Fut,
         Fut: Future<Output = std::result::Result<T, RedisError>>,
@@ -191,12 +195,12 @@ impl Conn {
     }
 
     /// The longest a call may take before its caller gives up (see [`run`](Self::run)).
-    pub(crate) fn budget(&self) -> Duration {
+    pub fn budget(&self) -> Duration {
         self.connect_timeout.saturating_add(self.response_timeout)
     }
 
     /// Whether the server answers.
-    pub(crate) async fn ping(&self) -> Result<()> {
+    pub async fn ping(&self) -> Result<()> {
         self.run("ping", |mut c| async move {
             redis::cmd("PING").query_async::<String>(&mut c).await
         })
@@ -212,7 +216,7 @@ impl Conn {
     }
 
     /// Stored data that is not what the store writes.
-    pub(crate) fn damaged(&self, operation: &'static str, reason: impl fmt::Display) -> Error {
+    pub fn damaged(&self, operation: &'static str, reason: impl fmt::Display) -> Error {
         match self.damage {
             Damage::State => Error::MalformedState {
                 reason: format!("{} ({operation}): {reason}", self.service),
@@ -227,7 +231,7 @@ impl Conn {
     }
 
     /// A reply of a shape the store's own scripts never produce.
-    pub(crate) fn unexpected(&self, operation: &'static str, reply: &Value) -> Error {
+    pub fn unexpected(&self, operation: &'static str, reply: &Value) -> Error {
         Error::Backend {
             backend: BACKEND,
             operation,
@@ -330,7 +334,7 @@ fn describe(v: &Value) -> String {
 }
 
 /// The bulk strings of a script's reply (`{'ok', …}` tables), or `None` for another shape.
-pub(crate) fn strings(reply: &Value) -> Option<Vec<String>> {
+pub fn strings(reply: &Value) -> Option<Vec<String>> {
     let Value::Array(items) = reply else {
         return None;
     };
@@ -346,7 +350,7 @@ pub(crate) fn strings(reply: &Value) -> Option<Vec<String>> {
 }
 
 /// Escape the glob metacharacters of `SCAN … MATCH` patterns (`*`, `?`, `[`, `]`, `\`).
-pub(crate) fn glob_escape(text: &str) -> String {
+pub fn glob_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
@@ -359,10 +363,10 @@ pub(crate) fn glob_escape(text: &str) -> String {
 
 /// The first line of every script: Redis 7 script flags (none given), so the server refuses
 /// the whole script, before it runs, while it is out of memory (scripts are not rolled back).
-pub(crate) const SHEBANG: &str = "#!lua\n";
+pub const SHEBANG: &str = "#!lua\n";
 
 /// `is(key, type)`: the key holds `type` or nothing.
-pub(crate) const LUA_TYPES: &str = r#"
+pub const LUA_TYPES: &str = r#"
 local function is(key, kind)
   local t = redis.call('TYPE', key)['ok']
   return t == kind or t == 'none'
@@ -371,7 +375,7 @@ end
 
 /// Lua helpers shared by the scripts: fences and versions are canonical decimal strings
 /// (compared exactly, never as Lua numbers, which are doubles).
-pub(crate) const LUA_DECIMALS: &str = r#"
+pub const LUA_DECIMALS: &str = r#"
 local function canonical(s)
   return s == '0' or (#s <= 20 and string.match(s, '^[1-9]%d*$') ~= nil)
 end

@@ -1,6 +1,6 @@
 #![doc = include_str!("../README.md")]
 
-mod conn;
+pub mod conn;
 mod kv;
 mod options;
 mod state;

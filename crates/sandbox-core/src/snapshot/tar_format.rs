@@ -69,7 +69,10 @@ pub(super) async fn take(
         (Ok(size), Ok(parsed_size)) => (size, parsed_size),
         (stored, parsed) => {
             let _ = ctx.spec.store.delete(&key).await;
-            return Err(parsed.err().or(stored.err()).expect("one side failed"));
+            // A store that failed stopped reading the export, so the parser then met a
+            // truncated archive: the store's error (often retryable: an outage) is the cause.
+            // With the store done, a parser error is the archive's own.
+            return Err(stored.err().or(parsed.err()).expect("one side failed"));
         }
     };
     debug_assert_eq!(size, parsed_size);

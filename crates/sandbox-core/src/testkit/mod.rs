@@ -794,7 +794,13 @@ pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
     failing.fail_after(512);
     let err = m
         .call(&ctx, |sb| async move {
-            sh(&sb, "echo lost > g.txt; head -c 200000 /dev/zero > big.bin").await;
+            // An archive of several stream chunks: the store fails on the first, so the
+            // side parser meets a truncated archive; the store's error must win.
+            sh(
+                &sb,
+                "echo lost > g.txt; head -c 2000000 /dev/zero > big.bin",
+            )
+            .await;
         })
         .await
         .expect_err("the snapshot fails");
