@@ -786,11 +786,8 @@ impl BoxHandle for DockerBox {
         let excludes = Excludes::new(request.exclude.clone(), &request.exclude_globs)?;
         let docker = self.shared.docker().await?;
         let download = {
-            let (shared, target, root) = (
-                self.shared.clone(),
-                self.target(),
-                self.config.root.clone(),
-            );
+            let (shared, target, root) =
+                (self.shared.clone(), self.target(), self.config.root.clone());
             move |path: Option<&RelPath>| -> ByteStream {
                 let boxed = path.map_or_else(|| root.clone(), |p| p.to_box(&root));
                 let options = DownloadFromContainerOptionsBuilder::default()

@@ -93,7 +93,7 @@ pub(crate) fn export(downloads: Vec<Download>, filter: Filter) -> ByteStream {
                 let reader = stream::blocking_reader(refetch(&path));
                 let mut sink = Sink {
                     out: &mut out,
-                        orphans: &mut Vec::new(),
+                    orphans: &mut Vec::new(),
                 };
                 match rename_into(reader, Some(&path), &only, &mut sink) {
                     Err(Error::NotFound { .. }) => continue,
