@@ -404,6 +404,38 @@ async fn chunked_rows(rows: &mut Vec<Row>, image: &str, label: &str, prefix: &st
         base_rss = base_rss.max(r);
         last = Some((spec, taken));
     }
+    // The backend's share of it: the export of the 100 listed files, drained.
+    let paths: Vec<_> = (0..100)
+        .map(|i| sandbox_core::RelPath::new(format!("b/f{i}")).expect("path"))
+        .collect();
+    let (mut export, mut export_base) = (vec![], vec![]);
+    for _ in 0..3 {
+        let mut request = sandbox_core::ExportRequest::default();
+        request.paths = Some(paths.clone());
+        let t = Instant::now();
+        let mut stream = src.export(&request).await.expect("export");
+        let mut n = 0;
+        while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+            n += chunk.expect("chunk").len();
+        }
+        export.push(ms(t.elapsed()));
+        assert!(n > 100 << 20, "exported {n} bytes");
+        let (d, _) = cli(&format!(
+            "docker cp {name}:/workspace - > {}",
+            tar.display()
+        ));
+        export_base.push(ms(d));
+    }
+    rows.push(Row {
+        workload: "B: 100 files x 1 MiB random",
+        phase: format!("export of the 100 listed files, drained ({label})"),
+        ours_ms: median(export),
+        baseline_ms: median(export_base),
+        bytes_written: 0,
+        ours_rss: 0,
+        baseline_rss: 0,
+        baseline: "docker cp out",
+    });
     rows.push(Row {
         workload: "B: 100 files x 1 MiB random",
         phase: format!("chunked first full snapshot ({label})"),
@@ -446,6 +478,41 @@ async fn chunked_rows(rows: &mut Vec<Row>, image: &str, label: &str, prefix: &st
         baseline_ms: median(base),
         bytes_written: 0,
         ours_rss: rss,
+        baseline_rss: 0,
+        baseline: "docker exec true",
+    });
+    // The same on a handle whose agent has not started yet (a call that ran no command):
+    // the listing starts it.
+    let mut cold = Vec::new();
+    for _ in 0..5 {
+        let state = src.state();
+        let fresh = c
+            .resume(&*state, &WorkspaceSpec::default())
+            .await
+            .expect("resume");
+        fresh.boot().await.expect("boot");
+        let t = Instant::now();
+        let again = snapshot::take(
+            &*fresh,
+            &spec,
+            snapshot::TakeRequest::new("bench").parent(Some(parent.clone())),
+        )
+        .await
+        .expect("snapshot");
+        cold.push(ms(t.elapsed()));
+        assert!(again.unchanged, "nothing changed");
+        parent = (again.snapshot, again.manifest);
+    }
+    let cold_base: Vec<f64> = (0..5)
+        .map(|_| ms(cli(&format!("docker exec {name} true")).0))
+        .collect();
+    rows.push(Row {
+        workload: "B: 100 files x 1 MiB random",
+        phase: format!("chunked stop, nothing changed, agent not started yet ({label})"),
+        ours_ms: median(cold),
+        baseline_ms: median(cold_base),
+        bytes_written: 0,
+        ours_rss: 0,
         baseline_rss: 0,
         baseline: "docker exec true",
     });
