@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -89,7 +90,10 @@ pub struct DockerBox {
     shared: Arc<Shared>,
     config: BoxConfig,
     live: Mutex<Live>,
-    agent: tokio::sync::Mutex<AgentSlot>,
+    agent: Arc<tokio::sync::Mutex<AgentSlot>>,
+    /// A background start of the agent (at boot) holds the slot: commands wait for it
+    /// instead of falling back to an engine exec.
+    agent_starting: Arc<AtomicBool>,
 }
 
 /// The box's exec agent, if one runs.
@@ -126,7 +130,8 @@ impl DockerBox {
                 fresh,
                 ..Live::default()
             }),
-            agent: tokio::sync::Mutex::new(AgentSlot::default()),
+            agent: Arc::new(tokio::sync::Mutex::new(AgentSlot::default())),
+            agent_starting: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -199,7 +204,14 @@ impl DockerBox {
                 .stdin
                 .as_ref()
                 .is_none_or(|s| s.len() <= MAX_AGENT_STDIN);
-        if agent_can && let Ok(mut slot) = self.agent.try_lock() {
+        let slot = if !agent_can {
+            None
+        } else if self.agent_starting.load(Ordering::SeqCst) {
+            Some(self.agent.lock().await)
+        } else {
+            self.agent.try_lock().ok()
+        };
+        if let Some(mut slot) = slot {
             if slot.agent.as_ref().is_some_and(|a| !a.usable()) {
                 slot.agent = None; // a cancelled call left it out of step
             }
@@ -250,6 +262,42 @@ impl DockerBox {
     /// Forget the agent (the container stopped, restarted or is gone).
     async fn drop_agent(&self) {
         *self.agent.lock().await = AgentSlot::default();
+    }
+
+    /// Start the agent in the background, so that the call's first command (or the stop's
+    /// listing, when the call ran none) finds it running instead of paying for its start.
+    fn prestart_agent(&self) {
+        if !self.shared.options.exec_agent {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (slot, starting, shared) = (
+            self.agent.clone(),
+            self.agent_starting.clone(),
+            self.shared.clone(),
+        );
+        let (target, user, name) = (self.target(), self.user(), self.config.name.clone());
+        starting.store(true, Ordering::SeqCst);
+        rt.spawn(async move {
+            let mut slot = slot.lock().await;
+            if slot.agent.is_none() && !slot.disabled {
+                match shared.docker().await {
+                    Ok(docker) => {
+                        // A failure here is not final: the first command tries again.
+                        match Agent::start(&shared.engine, &docker, &target, user).await {
+                            Ok(agent) => slot.agent = Some(agent),
+                            Err(e) => {
+                                tracing::debug!(container = %name, error = %e, "the agent did not start in the background")
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "agent not started"),
+                }
+            }
+            starting.store(false, Ordering::SeqCst);
+        });
     }
 
     async fn script_ok(
@@ -695,7 +743,9 @@ impl BoxHandle for DockerBox {
                 tracing::warn!(stderr = %r.stderr_str(), "cannot hand the workspace root to the user");
             }
         }
-        self.record_ports().await
+        self.record_ports().await?;
+        self.prestart_agent();
+        Ok(())
     }
 
     #[tracing::instrument(skip(self), fields(backend = BACKEND, container = %self.config.name))]
