@@ -3,20 +3,32 @@
 //! Phases: cold create+start to first exec (baseline `docker run -d` + `docker exec`), warm
 //! start of a kept container (baseline `docker start` + `docker exec`), 200 exec round trips
 //! of `true` (baseline 200 × `docker exec`), and snapshot/restore of workloads A (1,000 files
-//! × 1 KiB) and B (100 files × 1 MiB random) (baseline `docker cp` out and in). Writes
-//! `target/bench/docker.json`: one object per workload and phase.
+//! × 1 KiB) and B (100 files × 1 MiB random) (baseline `docker cp` out and in). Then the
+//! chunked format on busybox and Debian: B's first full snapshot (a fresh store each round;
+//! baseline `docker cp` out of the same tree in the same run) and a stop with nothing changed
+//! (baseline one `docker exec … true`); and the exec latency a user sees on Debian: `true`
+//! through `manager.call` → `sandbox.exec` against the handle's exec on the same image and
+//! against `docker exec`. Writes `target/bench/docker.json`: one object per workload and
+//! phase.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sandbox_core::snapshot::{self, SnapshotSpec};
+use std::sync::Arc;
+
+use sandbox_core::snapshot::{self, SnapshotFormat, SnapshotSpec};
 use sandbox_core::{
-    BoxHandle, CreateRequest, ExecRequest, Persistence, SandboxClient, WorkspaceSpec,
+    BoxHandle, CallContext, CreateRequest, ExecRequest, IsolationScope, MemoryStateStore,
+    Persistence, SandboxClient, SandboxConfig, SandboxManager, WorkspaceSpec,
 };
 use sandbox_docker::{DockerClient, DockerOptions, PullPolicy};
 use serde_json::json;
 
 const IMAGE: &str = "sandbox-harness-test/busybox:latest";
+const DEBIAN: &str = "sandbox-harness-test/debian:latest";
+
+/// Workload B's generator: 100 files of 1 MiB random bytes.
+const B_SCRIPT: &str = "mkdir -p b && i=0; while [ $i -lt 100 ]; do head -c 1048576 /dev/urandom > b/f$i; i=$((i+1)); done";
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
@@ -69,7 +81,7 @@ fn quiet(line: &str) {
 
 struct Row {
     workload: &'static str,
-    phase: &'static str,
+    phase: String,
     ours_ms: f64,
     baseline_ms: f64,
     bytes_written: u64,
@@ -79,8 +91,12 @@ struct Row {
 }
 
 fn client(prefix: &str, persistence: Persistence) -> DockerClient {
+    client_on(IMAGE, prefix, persistence)
+}
+
+fn client_on(image: &str, prefix: &str, persistence: Persistence) -> DockerClient {
     DockerClient::new(
-        DockerOptions::new(IMAGE)
+        DockerOptions::new(image)
             .name_prefix(prefix)
             .pull_policy(PullPolicy::Never)
             .persistence(persistence),
@@ -133,7 +149,7 @@ async fn main() {
     }
     rows.push(Row {
         workload: "-",
-        phase: "cold start to first exec",
+        phase: "cold start to first exec".into(),
         ours_ms: median(ours),
         baseline_ms: median(base),
         bytes_written: 0,
@@ -171,7 +187,7 @@ async fn main() {
     }
     rows.push(Row {
         workload: "-",
-        phase: "warm start (keep) to first exec",
+        phase: "warm start (keep) to first exec".into(),
         ours_ms: median(ours),
         baseline_ms: median(base),
         bytes_written: 0,
@@ -196,7 +212,7 @@ async fn main() {
     ));
     rows.push(Row {
         workload: "-",
-        phase: "exec round trip `true` x200",
+        phase: "exec round trip `true` x200".into(),
         ours_ms: ours,
         baseline_ms: ms(d),
         bytes_written: 0,
@@ -215,10 +231,7 @@ async fn main() {
             "A: 1,000 files x 1 KiB",
             "mkdir -p a && i=0; while [ $i -lt 1000 ]; do head -c 1024 /dev/urandom > a/f$i; i=$((i+1)); done",
         ),
-        (
-            "B: 100 files x 1 MiB random",
-            "mkdir -p b && i=0; while [ $i -lt 100 ]; do head -c 1048576 /dev/urandom > b/f$i; i=$((i+1)); done",
-        ),
+        ("B: 100 files x 1 MiB random", B_SCRIPT),
     ] {
         let src = new_box(&c).await;
         let r = src
@@ -279,7 +292,7 @@ async fn main() {
         src.destroy().await.expect("destroy");
         rows.push(Row {
             workload,
-            phase: "snapshot",
+            phase: "snapshot".into(),
             ours_ms: median(so),
             baseline_ms: median(sb),
             bytes_written: bytes,
@@ -289,7 +302,7 @@ async fn main() {
         });
         rows.push(Row {
             workload,
-            phase: "restore",
+            phase: "restore".into(),
             ours_ms: median(ro),
             baseline_ms: median(rb),
             bytes_written: bytes,
@@ -299,6 +312,10 @@ async fn main() {
         });
         let _ = cli_bytes;
     }
+    for (image, label) in [(IMAGE, "busybox"), (DEBIAN, "debian")] {
+        chunked_rows(&mut rows, image, label, &prefix).await;
+    }
+    exec_rows(&mut rows, &prefix, &run_d).await;
     quiet(&format!(
         "docker ps -aq --filter label=io.sandbox-harness.owner={prefix} | xargs -r docker rm -fv"
     ));
@@ -342,4 +359,240 @@ async fn main() {
         );
     }
     println!("wrote {}", path.display());
+}
+
+fn container_name(h: &dyn BoxHandle) -> String {
+    h.state()
+        .downcast::<sandbox_docker::DockerState>("docker")
+        .expect("state")
+        .container_name
+        .clone()
+}
+
+/// The chunked format on `image`: workload B's first full snapshot against `docker cp` out of
+/// the same tree, and a stop with nothing changed.
+async fn chunked_rows(rows: &mut Vec<Row>, image: &str, label: &str, prefix: &str) {
+    let c = client_on(image, prefix, Persistence::Ephemeral);
+    let src = new_box(&c).await;
+    let r = src
+        .exec(ExecRequest::shell(B_SCRIPT).timeout(Duration::from_secs(300)))
+        .await
+        .expect("generate");
+    assert!(r.success(), "{r:?}");
+    let name = container_name(&*src);
+    let dir = tempfile::tempdir().expect("tmp");
+    let tar = dir.path().join("cli.tar");
+    let (mut ours, mut base, mut bytes, mut rss, mut base_rss) = (vec![], vec![], 0, 0, 0);
+    let mut last = None;
+    for round in 0..3 {
+        // A fresh store each round: a first snapshot, every chunk written.
+        let spec = SnapshotSpec::local_dir(dir.path().join(format!("store-{round}")))
+            .format(SnapshotFormat::Chunked);
+        reset_peak();
+        let t = Instant::now();
+        let taken = snapshot::take(&*src, &spec, snapshot::TakeRequest::new("bench"))
+            .await
+            .expect("snapshot");
+        ours.push(ms(t.elapsed()));
+        rss = rss.max(peak_kib());
+        bytes = taken.bytes_written;
+        let (d, r) = cli(&format!(
+            "docker cp {name}:/workspace - > {}",
+            tar.display()
+        ));
+        base.push(ms(d));
+        base_rss = base_rss.max(r);
+        last = Some((spec, taken));
+    }
+    // The backend's share of it: the export of the 100 listed files, drained.
+    let paths: Vec<_> = (0..100)
+        .map(|i| sandbox_core::RelPath::new(format!("b/f{i}")).expect("path"))
+        .collect();
+    let (mut export, mut export_base) = (vec![], vec![]);
+    for _ in 0..3 {
+        let mut request = sandbox_core::ExportRequest::default();
+        request.paths = Some(paths.clone());
+        let t = Instant::now();
+        let mut stream = src.export(&request).await.expect("export");
+        let mut n = 0;
+        while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+            n += chunk.expect("chunk").len();
+        }
+        export.push(ms(t.elapsed()));
+        assert!(n > 100 << 20, "exported {n} bytes");
+        let (d, _) = cli(&format!(
+            "docker cp {name}:/workspace - > {}",
+            tar.display()
+        ));
+        export_base.push(ms(d));
+    }
+    rows.push(Row {
+        workload: "B: 100 files x 1 MiB random",
+        phase: format!("export of the 100 listed files, drained ({label})"),
+        ours_ms: median(export),
+        baseline_ms: median(export_base),
+        bytes_written: 0,
+        ours_rss: 0,
+        baseline_rss: 0,
+        baseline: "docker cp out",
+    });
+    rows.push(Row {
+        workload: "B: 100 files x 1 MiB random",
+        phase: format!("chunked first full snapshot ({label})"),
+        ours_ms: median(ours),
+        baseline_ms: median(base),
+        bytes_written: bytes,
+        ours_rss: rss,
+        baseline_rss: base_rss,
+        baseline: "docker cp out",
+    });
+
+    // Nothing changed since the last snapshot: the stop only lists the box.
+    let (spec, taken) = last.expect("a snapshot");
+    let mut parent = (taken.snapshot.clone(), taken.manifest.clone());
+    let (mut ours, mut base, mut rss) = (vec![], vec![], 0);
+    // The listing's racy-entry rule re-reads files written within two clock ticks of the
+    // parent's listing: let them age first.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..10 {
+        reset_peak();
+        let t = Instant::now();
+        let again = snapshot::take(
+            &*src,
+            &spec,
+            snapshot::TakeRequest::new("bench").parent(Some(parent.clone())),
+        )
+        .await
+        .expect("snapshot");
+        ours.push(ms(t.elapsed()));
+        rss = rss.max(peak_kib());
+        assert!(again.unchanged, "nothing changed");
+        parent = (again.snapshot, again.manifest);
+        let (d, _) = cli(&format!("docker exec {name} true"));
+        base.push(ms(d));
+    }
+    rows.push(Row {
+        workload: "B: 100 files x 1 MiB random",
+        phase: format!("chunked stop, nothing changed ({label})"),
+        ours_ms: median(ours),
+        baseline_ms: median(base),
+        bytes_written: 0,
+        ours_rss: rss,
+        baseline_rss: 0,
+        baseline: "docker exec true",
+    });
+    // The same on a fresh handle (a call that ran no command): right after boot, while the
+    // agent boot started in the background is still starting, and after 200 ms of other work.
+    for (idle_ms, what) in [
+        (0, "right after boot (agent starting)"),
+        (200, "200 ms after boot, no command ran"),
+    ] {
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let state = src.state();
+            let fresh = c
+                .resume(&*state, &WorkspaceSpec::default())
+                .await
+                .expect("resume");
+            fresh.boot().await.expect("boot");
+            tokio::time::sleep(Duration::from_millis(idle_ms)).await;
+            let t = Instant::now();
+            let again = snapshot::take(
+                &*fresh,
+                &spec,
+                snapshot::TakeRequest::new("bench").parent(Some(parent.clone())),
+            )
+            .await
+            .expect("snapshot");
+            times.push(ms(t.elapsed()));
+            assert!(again.unchanged, "nothing changed");
+            parent = (again.snapshot, again.manifest);
+        }
+        let base: Vec<f64> = (0..5)
+            .map(|_| ms(cli(&format!("docker exec {name} true")).0))
+            .collect();
+        rows.push(Row {
+            workload: "B: 100 files x 1 MiB random",
+            phase: format!("chunked stop, nothing changed, {what} ({label})"),
+            ours_ms: median(times),
+            baseline_ms: median(base),
+            bytes_written: 0,
+            ours_rss: 0,
+            baseline_rss: 0,
+            baseline: "docker exec true",
+        });
+    }
+    src.destroy().await.expect("destroy");
+}
+
+/// What a user sees per `sandbox.exec` of `true` on the Debian image: through
+/// `manager.call` (one call; its closure alternates 200 `sandbox.exec` with 200 execs on the
+/// same box's handle, so both see the same machine load), and `docker exec` (medians).
+async fn exec_rows(rows: &mut Vec<Row>, prefix: &str, run_d: &str) {
+    let client: Arc<dyn SandboxClient> =
+        Arc::new(client_on(DEBIAN, prefix, Persistence::Ephemeral));
+    let manager = SandboxManager::builder(client)
+        .scope(IsolationScope::Session)
+        .state_store(Arc::new(MemoryStateStore::new()))
+        .config(SandboxConfig::new(WorkspaceSpec::default()))
+        .build()
+        .expect("manager");
+    let ctx = CallContext::new("bench").session("exec");
+    let called = manager
+        .call(&ctx, |sandbox| async move {
+            sandbox
+                .exec(ExecRequest::argv(["true"]))
+                .await
+                .expect("exec");
+            let (mut through, mut direct) = (Vec::new(), Vec::new());
+            for _ in 0..200 {
+                let t = Instant::now();
+                let r = sandbox
+                    .exec(ExecRequest::argv(["true"]))
+                    .await
+                    .expect("exec");
+                through.push(ms(t.elapsed()));
+                assert!(r.success());
+                let t = Instant::now();
+                let r = sandbox
+                    .handle()
+                    .exec(ExecRequest::argv(["true"]))
+                    .await
+                    .expect("exec");
+                direct.push(ms(t.elapsed()));
+                assert!(r.success());
+            }
+            (median(through), median(direct))
+        })
+        .await
+        .expect("call");
+    let (through, direct) = called.value;
+    let cli_name = format!("{prefix}-cli-exec");
+    quiet(&format!("{run_d} --name {cli_name} {DEBIAN} 2147483647"));
+    let mut cli_times = Vec::new();
+    for _ in 0..50 {
+        let (d, _) = cli(&format!("docker exec {cli_name} true"));
+        cli_times.push(ms(d));
+    }
+    quiet(&format!("docker rm -f {cli_name}"));
+    rows.push(Row {
+        workload: "-",
+        phase: "exec `true` (debian), handle.exec, median".into(),
+        ours_ms: direct,
+        baseline_ms: median(cli_times),
+        bytes_written: 0,
+        ours_rss: 0,
+        baseline_rss: 0,
+        baseline: "docker exec",
+    });
+    rows.push(Row {
+        workload: "-",
+        phase: "exec `true` (debian), manager.call -> sandbox.exec, median".into(),
+        ours_ms: through,
+        baseline_ms: direct,
+        bytes_written: 0,
+        ours_rss: 0,
+        baseline_rss: 0,
+        baseline: "handle.exec, same box, interleaved",
+    });
 }

@@ -3,13 +3,27 @@
 //! into the container's namespaces for every exec: ~65 ms here, most of a `docker exec`).
 //!
 //! The agent is a POSIX `sh` loop (busybox and Debian alike) reading one request line at a
-//! time on its stdin: `R <id> <stdout cap> <stderr cap> <script> <stdin>`, the last two
-//! base64-encoded (`-` for no stdin). The script is built here with every argument quoted: it
-//! changes directory, exports the command's environment and `exec`s the command. The agent
-//! runs it with `SANDBOX_EXEC_ID=<id>` (the marker the timeout kill looks for), stdout and
-//! stderr captured to files through a cap (one byte over the cap is kept, to know whether it
-//! was exceeded; the rest is drained, so the command never blocks on a full pipe), then
-//! answers `D <id> <exit code> <stdout size> <stderr size>` followed by the capped bytes.
+//! time on its stdin: `R <id> <stdout cap> <stderr cap> <stdin> <script>`, stdin
+//! base64-encoded (`-` for none), the script last and on one line ([`line_script`]: every value
+//! single-quoted, a newline in a value spelled `'"$1"'`). The script changes directory, exports
+//! the command's environment and `exec`s the command; the agent `eval`s it in a subshell with
+//! `SANDBOX_EXEC_ID=<id>` exported (the marker the timeout kill looks for), stdout and stderr
+//! captured to files through a cap (one byte over the cap is kept, to know whether it was
+//! exceeded; the rest is drained, so the command never blocks on a full pipe), then answers
+//! `D <id> <exit code> <stdout size> <stderr size>` followed by the capped bytes.
+//!
+//! Each request costs as few programs and file writes as the shell allows. Where the engine
+//! stores containers on `fuse-overlayfs` (rootless and nested set-ups, and this project's CI),
+//! creating or truncating a file on the container's root filesystem costs 2–4 ms and starting
+//! a dynamically linked program 1–2 ms, so the agent keeps its small files (exit code, sizes,
+//! stdin, the stderr fifo, and the first 4 MiB of each stream) on the `/dev/shm` tmpfs when it
+//! may write there, spilling only larger output to `$TMPDIR`; a command with no stdin and no
+//! output starts the command and one `head` per stream, non-empty streams add a `wc` and a
+//! `cat` each, stdin a `base64`. Measured in a Debian container (200 requests of `true`): 6.4 ms
+//! each, against 26.5 ms for the first agent, which decoded the script with `base64`, wrote a
+//! file set per request on the root filesystem and started a fresh `sh` per command
+//! (busybox: 2.7 ms against 14.5 ms). A capture that fails (a full tmpfs) is answered
+//! `X <id>` and reported as an error, never as short output.
 //!
 //! The agent serves one command at a time; a box's other commands meanwhile go through the
 //! engine's exec. When the command exits, the agent kills whatever it left running (by its
@@ -48,26 +62,66 @@ const SERVER: &str = concat!(
     exec::reap_fn!(),
     r#"
 d="${TMPDIR:-/tmp}/.sandbox-agent.$$"
+f="/dev/shm/.sandbox-agent.$$"
+S=4194304
 for t in base64 head wc mkfifo cat; do command -v "$t" > /dev/null || exit 1; done
 rm -rf "$d" && mkdir -p "$d" || exit 1
-trap 'rm -rf "$d"' EXIT
-cap() { head -c "$1" > "$2"; cat > /dev/null; }
+trap 'rm -rf "$d" "$f"' EXIT
+if ! { mkdir -p "$f" && mkfifo "$f/ef"; } 2> /dev/null; then
+  f=$d && mkfifo "$f/ef" || exit 1
+fi
+nl='
+'
+cap() {
+  _l=$1; _s=$(( $1 < S ? $1 : S )); _b=0; _n=0
+  head -c "$_s" > "$f/$2" || _b=1
+  if [ -s "$f/$2" ]; then
+    _n=$(wc -c < "$f/$2")
+    if [ "$_n" -ge "$_s" ] && [ "$_l" -gt "$_s" ]; then
+      head -c "$((_l - _s))" > "$d/$2" || _b=1
+      _m=$(wc -c < "$d/$2"); _n=$((_n + _m))
+    fi
+  fi
+  [ "$_n" -lt "$_l" ] && [ "$_b" = 0 ] || cat > /dev/null
+  echo "$((_n + 0)) $_b" > "$f/$2.n"
+}
+out() {
+  _k=$(( $2 < $3 ? $2 : $3 ))
+  if [ "$_k" -le 0 ]; then
+    :
+  elif [ "$_k" -gt "$S" ]; then
+    cat "$f/$1"; head -c "$((_k - S))" "$d/$1"
+  elif [ "$_k" = "$2" ]; then
+    cat "$f/$1"
+  else
+    head -c "$_k" "$f/$1"
+  fi
+}
 echo READY
-while IFS=' ' read -r op id co ce sc si; do
+while IFS=' ' read -r op id co ce si sc; do
   [ "$op" = R ] || continue
-  p="$d/$id"
-  printf '%s' "$sc" | base64 -d > "$p.sh"
-  if [ "$si" = - ]; then : > "$p.in"; else printf '%s' "$si" | base64 -d > "$p.in"; fi
-  rm -f "$p.ef" && mkfifo "$p.ef"
-  cap "$((ce + 1))" "$p.e" < "$p.ef" &
+  if [ "$si" = - ]; then
+    in=/dev/null
+  else
+    in="$f/in"
+    base64 -d > "$in" <<EOF
+$si
+EOF
+  fi
+  : > "$f/rc"
+  cap "$((ce + 1))" e < "$f/ef" &
   ep=$!
-  ( SANDBOX_EXEC_ID="$id" sh "$p.sh" < "$p.in" 2> "$p.ef"; echo $? > "$p.rc"; reap "$id" ) | cap "$((co + 1))" "$p.o"
+  ( ( set -- "$nl"; export SANDBOX_EXEC_ID="$id"; eval "$sc" ) < "$in" 2> "$f/ef"; echo $? > "$f/rc"; reap "$id" ) | cap "$((co + 1))" o
   wait "$ep"
-  on=$(wc -c < "$p.o"); en=$(wc -c < "$p.e"); rc=$(cat "$p.rc" 2>/dev/null || echo 255)
-  printf 'D %s %s %s %s\n' "$id" "$((rc + 0))" "$((on + 0))" "$((en + 0))"
-  head -c "$co" "$p.o"
-  head -c "$ce" "$p.e"
-  rm -f "$p.sh" "$p.in" "$p.ef" "$p.o" "$p.e" "$p.rc"
+  read -r on ob < "$f/o.n"; read -r en eb < "$f/e.n"; read -r rc < "$f/rc"
+  if [ "$ob$eb" = 00 ]; then
+    printf 'D %s %s %s %s\n' "$id" "$((${rc:-255} + 0))" "$((on + 0))" "$((en + 0))"
+    out o "$on" "$co"
+    out e "$en" "$ce"
+  else
+    printf 'X %s\n' "$id"
+  fi
+  : > "$f/o"; : > "$f/e"
 done
 "#
 );
@@ -177,10 +231,10 @@ impl Agent {
             None => "-".to_owned(),
         };
         let line = format!(
-            "R {id} {} {} {} {stdin}\n",
+            "R {id} {} {} {stdin} {}\n",
             spec.limits.stdout,
             spec.limits.stderr,
-            b64.encode(script(spec)),
+            line_script(spec),
         );
         self.poisoned = true;
         // Armed until the answer is read: a cancelled call kills its command.
@@ -237,6 +291,14 @@ impl Agent {
                 format!("unexpected answer {header:?}"),
             )
         };
+        if header == format!("X {id}") {
+            return Err(Error::backend(
+                BACKEND,
+                "exec agent",
+                "the agent could not store the command's output (is /dev/shm or the \
+                 temporary directory full?)",
+            ));
+        }
         let mut fields = header.split(' ');
         if fields.next() != Some("D") || fields.next() != Some(id) {
             return Err(bad());
@@ -335,6 +397,31 @@ fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// [`script`] on one line, as the agent reads it: statements joined by `;`, and a newline
+/// inside a value written as `'"$1"'` (the agent sets its first positional parameter to a
+/// newline; no `export` of the script can change a positional parameter), so the agent runs
+/// it with `eval` and needs no decoding program.
+pub(crate) fn line_script(spec: &ExecSpec) -> String {
+    let q = |s: &str| quote(s).replace('\n', "'\"$1\"'");
+    let mut s = String::new();
+    if let Some(cwd) = &spec.cwd {
+        s.push_str(&format!(
+            "cd -- {} || {{ echo \"sandbox: cannot enter the working directory\" >&2; exit 126; }}; ",
+            q(cwd)
+        ));
+    }
+    for kv in &spec.env {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        s.push_str(&format!("export {}={}; ", k, q(v)));
+    }
+    s.push_str("exec");
+    for arg in &spec.argv {
+        s.push(' ');
+        s.push_str(&q(arg));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,6 +437,21 @@ mod tests {
             limits: sandbox_core::OutputLimits::default(),
             timeout: Duration::from_secs(1),
         };
+        assert_eq!(
+            line_script(&spec),
+            "cd -- '/work space' || { echo \"sandbox: cannot enter the working directory\" >&2; exit 126; }; \
+             export A='it'\\''s'; export B='$(reboot)'; exec 'sh' '-c' 'echo '\\''hi'\\'' $HOME; rm -rf /'"
+        );
+        let multi = ExecSpec {
+            argv: vec!["printf".into(), "a\nb\n".into()],
+            cwd: None,
+            env: vec!["K=x\ny".into()],
+            ..spec.clone()
+        };
+        assert_eq!(
+            line_script(&multi),
+            "export K='x'\"$1\"'y'; exec 'printf' 'a'\"$1\"'b'\"$1\"''"
+        );
         let s = script(&spec);
         assert_eq!(
             s,

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +33,10 @@ const GO_MODE_SYMLINK: u32 = 1 << 27;
 
 /// Timeout of the backend's own helper commands.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Path lists up to this long are exported with one engine download per path; longer ones with
+/// one download of their deepest common directory, filtered to the list.
+const PER_PATH_DOWNLOADS: usize = 4;
 
 /// Largest file `read_file` returns.
 const READ_LIMIT: u64 = 1 << 30;
@@ -85,7 +90,10 @@ pub struct DockerBox {
     shared: Arc<Shared>,
     config: BoxConfig,
     live: Mutex<Live>,
-    agent: tokio::sync::Mutex<AgentSlot>,
+    agent: Arc<tokio::sync::Mutex<AgentSlot>>,
+    /// A background start of the agent (at boot) holds the slot: commands wait for it
+    /// instead of falling back to an engine exec.
+    agent_starting: Arc<AtomicBool>,
 }
 
 /// The box's exec agent, if one runs.
@@ -122,7 +130,8 @@ impl DockerBox {
                 fresh,
                 ..Live::default()
             }),
-            agent: tokio::sync::Mutex::new(AgentSlot::default()),
+            agent: Arc::new(tokio::sync::Mutex::new(AgentSlot::default())),
+            agent_starting: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -195,7 +204,14 @@ impl DockerBox {
                 .stdin
                 .as_ref()
                 .is_none_or(|s| s.len() <= MAX_AGENT_STDIN);
-        if agent_can && let Ok(mut slot) = self.agent.try_lock() {
+        let slot = if !agent_can {
+            None
+        } else if self.agent_starting.load(Ordering::SeqCst) {
+            Some(self.agent.lock().await)
+        } else {
+            self.agent.try_lock().ok()
+        };
+        if let Some(mut slot) = slot {
             if slot.agent.as_ref().is_some_and(|a| !a.usable()) {
                 slot.agent = None; // a cancelled call left it out of step
             }
@@ -246,6 +262,42 @@ impl DockerBox {
     /// Forget the agent (the container stopped, restarted or is gone).
     async fn drop_agent(&self) {
         *self.agent.lock().await = AgentSlot::default();
+    }
+
+    /// Start the agent in the background, so that the call's first command (or the stop's
+    /// listing, when the call ran none) finds it running instead of paying for its start.
+    fn prestart_agent(&self) {
+        if !self.shared.options.exec_agent {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (slot, starting, shared) = (
+            self.agent.clone(),
+            self.agent_starting.clone(),
+            self.shared.clone(),
+        );
+        let (target, user, name) = (self.target(), self.user(), self.config.name.clone());
+        starting.store(true, Ordering::SeqCst);
+        rt.spawn(async move {
+            let mut slot = slot.lock().await;
+            if slot.agent.is_none() && !slot.disabled {
+                match shared.docker().await {
+                    Ok(docker) => {
+                        // A failure here is not final: the first command tries again.
+                        match Agent::start(&shared.engine, &docker, &target, user).await {
+                            Ok(agent) => slot.agent = Some(agent),
+                            Err(e) => {
+                                tracing::debug!(container = %name, error = %e, "the agent did not start in the background")
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "agent not started"),
+                }
+            }
+            starting.store(false, Ordering::SeqCst);
+        });
     }
 
     async fn script_ok(
@@ -691,7 +743,9 @@ impl BoxHandle for DockerBox {
                 tracing::warn!(stderr = %r.stderr_str(), "cannot hand the workspace root to the user");
             }
         }
-        self.record_ports().await
+        self.record_ports().await?;
+        self.prestart_agent();
+        Ok(())
     }
 
     #[tracing::instrument(skip(self), fields(backend = BACKEND, container = %self.config.name))]
@@ -781,52 +835,71 @@ impl BoxHandle for DockerBox {
     async fn export(&self, request: &ExportRequest) -> Result<ByteStream> {
         let excludes = Excludes::new(request.exclude.clone(), &request.exclude_globs)?;
         let docker = self.shared.docker().await?;
-        let target = self.target();
-        let engine_err = {
-            let shared = self.shared.clone();
-            move |path: String| {
+        let download = {
+            let (shared, target, root) =
+                (self.shared.clone(), self.target(), self.config.root.clone());
+            move |path: Option<&RelPath>| -> ByteStream {
+                let boxed = path.map_or_else(|| root.clone(), |p| p.to_box(&root));
+                let options = DownloadFromContainerOptionsBuilder::default()
+                    .path(&boxed)
+                    .build();
                 let shared = shared.clone();
-                move |e: bollard::errors::Error| shared.engine.err("download", "path", &path, e)
+                docker
+                    .download_from_container(&target, Some(options))
+                    .map_err(move |e| shared.engine.err("download", "path", &boxed, e))
+                    .boxed()
             }
         };
-        let download = |path: String| -> ByteStream {
-            let options = DownloadFromContainerOptionsBuilder::default()
-                .path(&path)
-                .build();
-            docker
-                .download_from_container(&target, Some(options))
-                .map_err(engine_err(path))
-                .boxed()
-        };
-        let (downloads, missing_ok) = match &request.paths {
-            None => {
-                if self.stat(&self.config.root).await?.is_none() {
-                    return Err(Error::NotFound {
-                        what: "workspace root",
-                        key: self.config.root.clone(),
-                    });
-                }
-                (
-                    vec![Download {
-                        stream: download(self.config.root.clone()),
-                        prefix: None,
-                    }],
-                    false,
-                )
+        let Some(paths) = &request.paths else {
+            if self.stat(&self.config.root).await?.is_none() {
+                return Err(Error::NotFound {
+                    what: "workspace root",
+                    key: self.config.root.clone(),
+                });
             }
-            Some(paths) => (
-                paths
-                    .iter()
-                    .filter(|p| !excludes.covers(p))
-                    .map(|p| Download {
-                        stream: download(p.to_box(&self.config.root)),
-                        prefix: Some(p.clone()),
-                    })
-                    .collect(),
-                true,
-            ),
+            let downloads = vec![Download {
+                stream: download(None),
+                prefix: None,
+            }];
+            let filter = tarfix::Filter {
+                excludes,
+                wanted: None,
+                missing_ok: false,
+                refetch: None,
+            };
+            return Ok(tarfix::export(downloads, filter));
         };
-        Ok(tarfix::export(downloads, excludes, missing_ok))
+        let paths: Vec<RelPath> = paths
+            .iter()
+            .filter(|p| !excludes.covers(p))
+            .cloned()
+            .collect();
+        // A few paths: one download each. More: one download of the deepest directory
+        // holding them all, filtered here to the list (one engine archive call however many
+        // files; the engine sets up the container's filesystem for every archive call, about
+        // 45 ms, so a download per file is what made a first snapshot slow).
+        let downloads = if paths.len() <= PER_PATH_DOWNLOADS {
+            paths
+                .iter()
+                .map(|p| Download {
+                    stream: download(Some(p)),
+                    prefix: Some(p.clone()),
+                })
+                .collect()
+        } else {
+            let common = common_ancestor(&paths);
+            vec![Download {
+                stream: download(common.as_ref()),
+                prefix: common,
+            }]
+        };
+        let filter = tarfix::Filter {
+            excludes,
+            wanted: Some(tarfix::Wanted::new(paths)),
+            missing_ok: true,
+            refetch: Some(Box::new(move |p: &RelPath| download(Some(p)))),
+        };
+        Ok(tarfix::export(downloads, filter))
     }
 
     async fn import(&self, archive: ByteStream, mode: ImportMode) -> Result<()> {
@@ -912,9 +985,40 @@ impl BoxHandle for DockerBox {
     }
 }
 
+/// The deepest path (by components) that is, or is an ancestor of, every path; `None` for the
+/// workspace root.
+fn common_ancestor(paths: &[RelPath]) -> Option<RelPath> {
+    let first = paths.first()?;
+    let mut common: Vec<&str> = first.components().collect();
+    for p in &paths[1..] {
+        let same = common
+            .iter()
+            .zip(p.components())
+            .take_while(|(a, b)| **a == *b)
+            .count();
+        common.truncate(same);
+    }
+    if common.is_empty() {
+        None
+    } else {
+        RelPath::new(common.join("/")).ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn common_ancestors() {
+        let p = |s: &str| RelPath::new(s).unwrap();
+        assert_eq!(common_ancestor(&[p("a/b/c"), p("a/b/d")]), Some(p("a/b")));
+        assert_eq!(common_ancestor(&[p("a/b"), p("a/bc")]), Some(p("a")));
+        assert_eq!(common_ancestor(&[p("a/b"), p("c")]), None);
+        assert_eq!(common_ancestor(&[p("a/b")]), Some(p("a/b")));
+        assert_eq!(common_ancestor(&[p("a"), p("a/b")]), Some(p("a")));
+        assert_eq!(common_ancestor(&[]), None);
+    }
 
     #[test]
     fn config_debug_hides_env_values() {

@@ -2,6 +2,7 @@
 //! workspace-relative paths and filtered (export), and core's archives filtered and checked
 //! entry by entry before the engine extracts them (import).
 
+use std::collections::HashSet;
 use std::io::{self, Read, Write};
 
 use sandbox_core::archive::Excludes;
@@ -24,17 +25,80 @@ pub(crate) struct Download {
     pub prefix: Option<RelPath>,
 }
 
-/// Re-emit `downloads` as one tar with workspace-relative names, leaving out `excludes`, the
-/// staging directories and anything that is not a file, directory or link. A download that
-/// does not exist (`NotFound`) contributes nothing when `missing_ok`.
-pub(crate) fn export(downloads: Vec<Download>, excludes: Excludes, missing_ok: bool) -> ByteStream {
+/// The paths an export asked for: an entry is kept when it is one of them or lies under one.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Wanted(HashSet<RelPath>);
+
+impl Wanted {
+    pub(crate) fn new(paths: impl IntoIterator<Item = RelPath>) -> Self {
+        Wanted(paths.into_iter().collect())
+    }
+
+    /// Whether `path` is asked for (itself or through an ancestor).
+    pub(crate) fn covers(&self, path: &RelPath) -> bool {
+        let mut cur = Some(path.clone());
+        while let Some(p) = cur {
+            if self.0.contains(&p) {
+                return true;
+            }
+            cur = p.parent();
+        }
+        false
+    }
+}
+
+/// Fetches one more engine download for a workspace path (an item of its own: the engine names
+/// the requested item by its base name).
+pub(crate) type Refetch = Box<dyn Fn(&RelPath) -> ByteStream + Send>;
+
+/// Which entries of the downloads go into the export.
+pub(crate) struct Filter {
+    pub excludes: Excludes,
+    /// Only these (and what is under them); `None`: everything.
+    pub wanted: Option<Wanted>,
+    /// A download that does not exist (`NotFound`) contributes nothing.
+    pub missing_ok: bool,
+    /// With `wanted`: a wanted hard link is fetched again on its own (a download of a single
+    /// file carries its content as a regular file), so no wanted file is lost.
+    pub refetch: Option<Refetch>,
+}
+
+/// Re-emit `downloads` as one tar with workspace-relative names, leaving out the excluded and
+/// unwanted paths, the staging directories and anything that is not a file, directory or
+/// link.
+pub(crate) fn export(downloads: Vec<Download>, filter: Filter) -> ByteStream {
     stream::spawn_writer(DEPTH, move |w| {
         let mut out = builder(w);
+        let mut orphans: Vec<RelPath> = Vec::new();
         for d in downloads {
             let reader = stream::blocking_reader(d.stream);
-            match rename_into(reader, d.prefix.as_ref(), &excludes, &mut out) {
-                Err(Error::NotFound { .. }) if missing_ok => continue,
+            let mut sink = Sink {
+                out: &mut out,
+                orphans: &mut orphans,
+            };
+            match rename_into(reader, d.prefix.as_ref(), &filter, &mut sink) {
+                Err(Error::NotFound { .. }) if filter.missing_ok => continue,
                 other => other?,
+            }
+        }
+        if let Some(refetch) = &filter.refetch {
+            // Hard links to files the filter left out: their own downloads hold the content.
+            let only = Filter {
+                excludes: filter.excludes.clone(),
+                wanted: None,
+                missing_ok: true,
+                refetch: None,
+            };
+            for path in std::mem::take(&mut orphans) {
+                let reader = stream::blocking_reader(refetch(&path));
+                let mut sink = Sink {
+                    out: &mut out,
+                    orphans: &mut Vec::new(),
+                };
+                match rename_into(reader, Some(&path), &only, &mut sink) {
+                    Err(Error::NotFound { .. }) => continue,
+                    other => other?,
+                }
             }
         }
         out.finish().map_err(|e| Error::io("tar", e))?;
@@ -42,12 +106,21 @@ pub(crate) fn export(downloads: Vec<Download>, excludes: Excludes, missing_ok: b
     })
 }
 
+/// Where [`rename_into`] writes, and what it has written.
+struct Sink<'a, W: Write> {
+    out: &'a mut tar::Builder<W>,
+    /// Wanted hard links, to fetch again as regular files.
+    orphans: &'a mut Vec<RelPath>,
+}
+
 fn rename_into<R: Read, W: Write>(
     reader: R,
     prefix: Option<&RelPath>,
-    excludes: &Excludes,
-    out: &mut tar::Builder<W>,
+    filter: &Filter,
+    sink: &mut Sink<'_, W>,
 ) -> Result<()> {
+    let excludes = &filter.excludes;
+    let out = &mut *sink.out;
     let mut archive = tar::Archive::new(reader);
     let entries = archive.entries().map_err(read_err)?;
     for entry in entries {
@@ -65,6 +138,7 @@ fn rename_into<R: Read, W: Write>(
             .next()
             .is_some_and(|c| c.starts_with(STAGE_PREFIX))
             || excludes.covers(&path)
+            || filter.wanted.as_ref().is_some_and(|w| !w.covers(&path))
         {
             continue;
         }
@@ -107,6 +181,16 @@ fn rename_into<R: Read, W: Write>(
                 let Some(target) = rename(&target, prefix)? else {
                     continue;
                 };
+                if filter.wanted.is_some() {
+                    // A path list asks for content: the snapshot engine reads regular files
+                    // only, so a hard link is fetched again on its own (as a regular file).
+                    if filter.refetch.is_some() {
+                        sink.orphans.push(path);
+                    } else {
+                        tracing::warn!(path = %path, "skipping a hard link in a path-list export");
+                    }
+                    continue;
+                }
                 if excludes.covers(&target) {
                     tracing::warn!(path = %path, target = %target, "skipping a hard link to an excluded file");
                     continue;

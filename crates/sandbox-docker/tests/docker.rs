@@ -578,6 +578,29 @@ async fn exec_agent_serves_commands_like_engine_execs() {
                 r.stderr.len(),
                 r.stderr_truncated
             ));
+            // Newlines in arguments and values; output larger than the agent keeps in
+            // memory-backed files (4 MiB), spilled and read back whole.
+            let r = sb
+                .exec(
+                    ExecRequest::argv([
+                        "sh",
+                        "-c",
+                        "printf '%s|%s|' \"$1\" \"$V\"; head -c 5000000 /dev/zero | tr '\\0' x >&2",
+                        "sh",
+                        "a\nb",
+                    ])
+                    .env("V", "c\n'd")
+                    .limits(sandbox_core::OutputLimits::both(6 << 20)),
+                )
+                .await
+                .expect("exec");
+            let all_x = r.stderr.iter().all(|b| *b == b'x');
+            out.push(format!(
+                "{:?} {:?} {} {all_x}",
+                r.exit_code,
+                r.stdout_str(),
+                r.stderr.len()
+            ));
             // A timeout returns the partial output.
             let r = sb
                 .exec(
@@ -615,8 +638,9 @@ async fn exec_agent_serves_commands_like_engine_execs() {
             "Some(0) \"/workspace/a dir\\nit's|$(echo nope)\""
         );
         assert_eq!(results[0][3], "100 true 10 false");
-        assert_eq!(results[0][4], "true None \"started\\n\"");
-        assert_eq!(results[0][5], "0\n1\n2\n");
+        assert_eq!(results[0][4], "Some(0) \"a\\nb|c\\n'd|\" 5000000 true");
+        assert_eq!(results[0][5], "true None \"started\\n\"");
+        assert_eq!(results[0][6], "0\n1\n2\n");
     }
 }
 
