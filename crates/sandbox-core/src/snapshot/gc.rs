@@ -341,7 +341,10 @@ pub async fn gc(
     }
     // 5 and 6. Packs and redirects.
     let old = |m: &BlobMeta| m.modified_unix.is_some_and(|t| t <= cutoff);
-    sweep_packs(store, packed, live.pieces, &old, options, &mut report).await?;
+    // Packs written since the first listing (by snapshots taken meanwhile) hold pieces too:
+    // listed again to resolve locations, never candidates.
+    let now_listed = store.list_all("packs/").await?;
+    sweep_packs(store, packed, now_listed, live.pieces, &old, options, &mut report).await?;
     Ok(report)
 }
 
@@ -352,12 +355,12 @@ fn resolve(
     mut offset: u64,
     len: u64,
     hash: &str,
-    packs: &HashMap<PackId, BlobMeta>,
+    packs: &HashSet<PackId>,
     redirects: &HashMap<PackId, Redirect>,
     used: &mut HashSet<PackId>,
 ) -> Option<(PackId, u64)> {
     for _ in 0..=MAX_REDIRECT_DEPTH {
-        if packs.contains_key(&pack) {
+        if packs.contains(&pack) {
             return Some((pack, offset));
         }
         let entry = redirects.get(&pack)?.find(hash).filter(|e| e.len == len)?;
@@ -371,6 +374,7 @@ fn resolve(
 async fn sweep_packs(
     store: &dyn SnapshotStore,
     listed: Vec<BlobMeta>,
+    relisted: Vec<BlobMeta>,
     marked: HashMap<PackId, HashSet<(u64, u64, String)>>,
     old: &(dyn Fn(&BlobMeta) -> bool + Sync),
     options: GcOptions,
@@ -389,6 +393,15 @@ async fn sweep_packs(
             None => {}
         }
     }
+    let mut existing: HashSet<PackId> = packs.keys().copied().collect();
+    existing.extend(
+        relisted
+            .iter()
+            .filter_map(|b| match PackBlob::of_key(b.key.as_str()) {
+                Some(PackBlob::Pack(id)) => Some(id),
+                _ => None,
+            }),
+    );
     let mut redirects: HashMap<PackId, Redirect> = HashMap::new();
     for id in redirect_blobs.keys() {
         match super::chunked::load_redirect(store, *id).await {
@@ -410,7 +423,7 @@ async fn sweep_packs(
     let mut used: HashSet<PackId> = HashSet::new();
     for (pack, pieces) in marked {
         for (offset, len, hash) in pieces {
-            match resolve(pack, offset, len, &hash, &packs, &redirects, &mut used) {
+            match resolve(pack, offset, len, &hash, &existing, &redirects, &mut used) {
                 Some((at, off)) => {
                     live.entry(at).or_default().insert((off, len), hash);
                 }
