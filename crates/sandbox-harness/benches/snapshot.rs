@@ -473,14 +473,14 @@ fn make_store(root: &Path, format: SnapshotFormat) -> Arc<dyn SnapshotStore> {
 fn spec_for(root: &Path, format: SnapshotFormat) -> (SnapshotSpec, Arc<CountingStore>) {
     let counting = Arc::new(CountingStore::new(make_store(root, format)));
     let spec = SnapshotSpec::new(counting.clone())
-    .format(format)
-    .keep_last(0)
-    .restore_prefetch(
-        std::env::var("SANDBOX_BENCH_PREFETCH")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(2),
-    );
+        .format(format)
+        .keep_last(0)
+        .restore_prefetch(
+            std::env::var("SANDBOX_BENCH_PREFETCH")
+                .ok()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(2),
+        );
     (spec, counting)
 }
 

@@ -45,8 +45,7 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 fn reference(name: &str) -> SnapshotRef {
-    serde_json::from_slice(&std::fs::read(fixture().join(format!("{name}.json"))).unwrap())
-        .unwrap()
+    serde_json::from_slice(&std::fs::read(fixture().join(format!("{name}.json"))).unwrap()).unwrap()
 }
 
 struct Setup {
@@ -90,7 +89,11 @@ fn check_tree(ws: &Path, second: bool) {
     assert_eq!(read("README.md"), b"old snapshot fixture\n");
     assert_eq!(
         read("src/a.txt"),
-        if second { &b"alpha changed\n"[..] } else { b"alpha\n" }
+        if second {
+            &b"alpha changed\n"[..]
+        } else {
+            b"alpha\n"
+        }
     );
     assert_eq!(read("src/deep/b.txt"), b"bravo bravo\n");
     assert_eq!(read("empty"), b"");
@@ -155,17 +158,36 @@ async fn new_snapshots_on_an_old_parent_mix_both_and_survive_gc() {
     assert_eq!(took.files_hashed, 1, "only the changed file is read");
     let m = &took.manifest;
     assert_eq!(m.header.version, snapshot::MANIFEST_VERSION);
-    let locations: Vec<_> = m.entries.iter().flat_map(|e| &e.chunks).map(|c| c.location).collect();
-    assert!(locations.iter().any(|l| matches!(l, snapshot::ChunkLocation::Pack { .. })));
-    assert!(locations.iter().any(|l| matches!(l, snapshot::ChunkLocation::Blob)));
-    assert!(locations.iter().any(|l| matches!(l, snapshot::ChunkLocation::Bundle { .. })));
+    let locations: Vec<_> = m
+        .entries
+        .iter()
+        .flat_map(|e| &e.chunks)
+        .map(|c| c.location)
+        .collect();
+    assert!(
+        locations
+            .iter()
+            .any(|l| matches!(l, snapshot::ChunkLocation::Pack { .. }))
+    );
+    assert!(
+        locations
+            .iter()
+            .any(|l| matches!(l, snapshot::ChunkLocation::Blob))
+    );
+    assert!(
+        locations
+            .iter()
+            .any(|l| matches!(l, snapshot::ChunkLocation::Bundle { .. }))
+    );
 
     // GC with no grace, keeping one snapshot per namespace: the old snapshots go, the old
     // blobs the new snapshot references stay.
     let report = snapshot::gc(
         &*s.store,
         &sandbox_core::archive::ArchivePolicy::default(),
-        GcOptions::default().keep_last(1).grace(std::time::Duration::ZERO),
+        GcOptions::default()
+            .keep_last(1)
+            .grace(std::time::Duration::ZERO),
         &MemoryStateStore::new(),
     )
     .await
@@ -176,7 +198,10 @@ async fn new_snapshots_on_an_old_parent_mix_both_and_survive_gc() {
         .await
         .unwrap();
     let ws2 = Path::new(h2.workspace_root());
-    assert_eq!(std::fs::read(ws2.join("src/deep/b.txt")).unwrap(), b"bravo changed\n");
+    assert_eq!(
+        std::fs::read(ws2.join("src/deep/b.txt")).unwrap(),
+        b"bravo changed\n"
+    );
     assert_eq!(std::fs::read(ws2.join("big.bin")).unwrap(), fill(90_000, 7));
     assert_eq!(std::fs::read(ws2.join("src/c.txt")).unwrap(), b"charlie\n");
 }

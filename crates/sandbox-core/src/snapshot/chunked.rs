@@ -353,7 +353,10 @@ enum Fetch {
     /// A whole chunk blob (version 1).
     Blob { hash: String, len: u64 },
     /// Slices of one bundle blob (version 1).
-    Bundle { hash: String, slices: Vec<(u64, u64)> },
+    Bundle {
+        hash: String,
+        slices: Vec<(u64, u64)>,
+    },
     /// A ranged read of a pack.
     Range(RangeRead),
 }

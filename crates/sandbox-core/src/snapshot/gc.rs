@@ -344,7 +344,16 @@ pub async fn gc(
     // Packs written since the first listing (by snapshots taken meanwhile) hold pieces too:
     // listed again to resolve locations, never candidates.
     let now_listed = store.list_all("packs/").await?;
-    sweep_packs(store, packed, now_listed, live.pieces, &old, options, &mut report).await?;
+    sweep_packs(
+        store,
+        packed,
+        now_listed,
+        live.pieces,
+        &old,
+        options,
+        &mut report,
+    )
+    .await?;
     Ok(report)
 }
 
@@ -596,7 +605,8 @@ async fn repack(
                     .map(|n| RedirectEntry { hash: e.hash, ..*n })
             })
             .collect();
-        let rewritten = Redirect::new(*id, entries).map_err(|e| Error::from((id.redirect_key(), e)))?;
+        let rewritten =
+            Redirect::new(*id, entries).map_err(|e| Error::from((id.redirect_key(), e)))?;
         store
             .put_bytes(&id.redirect_key(), rewritten.to_bytes().into())
             .await?;

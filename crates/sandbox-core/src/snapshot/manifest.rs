@@ -131,7 +131,9 @@ impl Serialize for ChunkRef {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         match self.location {
             ChunkLocation::Blob => ChunkRepr::Whole(self.hash.clone(), self.len),
-            ChunkLocation::Bundle { offset } => ChunkRepr::Slice(self.hash.clone(), self.len, offset),
+            ChunkLocation::Bundle { offset } => {
+                ChunkRepr::Slice(self.hash.clone(), self.len, offset)
+            }
             ChunkLocation::Pack { pack, offset } => {
                 ChunkRepr::Packed(self.hash.clone(), self.len, pack, offset)
             }
@@ -290,7 +292,10 @@ impl Manifest {
                         entry.path
                     )));
                 }
-                if entry.chunks.iter().any(|c| !is_hex_hash(&c.hash) || !c.len_in_bounds())
+                if entry
+                    .chunks
+                    .iter()
+                    .any(|c| !is_hex_hash(&c.hash) || !c.len_in_bounds())
                     || (!entry.chunks.is_empty()
                         && entry
                             .chunks
@@ -422,9 +427,15 @@ mod tests {
         let m = manifest(vec![e, old, whole]);
         let bytes = m.to_bytes();
         let text = String::from_utf8(bytes.clone()).unwrap();
-        assert!(text.contains(&format!("[\"{h}\",3,\"{pack}\",7]")), "{text}");
+        assert!(
+            text.contains(&format!("[\"{h}\",3,\"{pack}\",7]")),
+            "{text}"
+        );
         assert!(text.contains(&format!("[\"{h}\",3,9]")), "{text}");
-        assert_eq!(Manifest::read_from(&bytes[..], &ArchivePolicy::default()).unwrap(), m);
+        assert_eq!(
+            Manifest::read_from(&bytes[..], &ArchivePolicy::default()).unwrap(),
+            m
+        );
         // Hostile pack references: a bad id, an empty or oversized piece, an overflowing end.
         for bad in [
             format!("[\"{h}\",3,\"{}\",7]", "X".repeat(32)),

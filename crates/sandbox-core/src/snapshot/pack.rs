@@ -442,7 +442,10 @@ mod tests {
     fn ids_and_keys() {
         let id = PackId::generate();
         assert_eq!(PackId::parse(&id.to_string()), Some(id));
-        assert_eq!(PackBlob::of_key(id.key().as_str()), Some(PackBlob::Pack(id)));
+        assert_eq!(
+            PackBlob::of_key(id.key().as_str()),
+            Some(PackBlob::Pack(id))
+        );
         assert_eq!(
             PackBlob::of_key(id.redirect_key().as_str()),
             Some(PackBlob::Redirect(id))
@@ -464,6 +467,25 @@ mod tests {
         assert_eq!(back.find(&h).map(|e| e.offset), Some(70));
         assert!(back.find(&"0".repeat(64)).is_none());
         assert!(back.find("zz").is_none());
+    }
+
+    /// The fuzz target's seed is a valid redirect (regenerate with `SANDBOX_WRITE_SEED=1`).
+    #[test]
+    fn fuzz_seed_parses() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/seeds/redirect/valid"
+        );
+        if std::env::var_os("SANDBOX_WRITE_SEED").is_some() {
+            let from = PackId::parse("01a22dde00007000800000000000aa01").unwrap();
+            let to = PackId::parse("01a22dde00007000800000000000bb02").unwrap();
+            let r = Redirect::new(from, (0..3).map(|n| entry(n, to)).collect()).unwrap();
+            std::fs::create_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
+            std::fs::write(path, r.to_bytes()).unwrap();
+        }
+        let seed = std::fs::read(path).expect("the seed exists");
+        let r = Redirect::parse(&seed, None).expect("the seed parses");
+        assert_eq!(r.entries().len(), 3);
     }
 
     #[test]
@@ -498,15 +520,25 @@ mod tests {
         let mut self_ref = good.clone();
         self_ref[HEADER_LEN + 32..HEADER_LEN + 48].copy_from_slice(&from.to_bytes());
         let cases: Vec<(&str, Vec<u8>, fn(&RedirectError) -> bool)> = vec![
-            ("empty", Vec::new(), |e| matches!(e, RedirectError::TooShort { .. })),
+            ("empty", Vec::new(), |e| {
+                matches!(e, RedirectError::TooShort { .. })
+            }),
             ("magic", magic, |e| matches!(e, RedirectError::BadMagic)),
-            ("checksum", flipped, |e| matches!(e, RedirectError::Checksum)),
-            ("count", reseal(count), |e| matches!(e, RedirectError::TooMany { .. })),
-            ("length", reseal(count3), |e| matches!(e, RedirectError::Length { .. })),
+            ("checksum", flipped, |e| {
+                matches!(e, RedirectError::Checksum)
+            }),
+            ("count", reseal(count), |e| {
+                matches!(e, RedirectError::TooMany { .. })
+            }),
+            ("length", reseal(count3), |e| {
+                matches!(e, RedirectError::Length { .. })
+            }),
             ("truncated", good[..good.len() - 1].to_vec(), |e| {
                 matches!(e, RedirectError::Length { .. })
             }),
-            ("order", reseal(swapped), |e| matches!(e, RedirectError::Unsorted { .. })),
+            ("order", reseal(swapped), |e| {
+                matches!(e, RedirectError::Unsorted { .. })
+            }),
             ("zero length", reseal(zero_len), |e| {
                 matches!(e, RedirectError::BadEntry { .. })
             }),
@@ -552,7 +584,13 @@ mod tests {
             .collect();
         assert_eq!(
             spans,
-            vec![(0, 65, 4), (90, 20, 1), (110, 5, 1), (115, 100, 1), (0, 5, 1)]
+            vec![
+                (0, 65, 4),
+                (90, 20, 1),
+                (110, 5, 1),
+                (115, 100, 1),
+                (0, 5, 1)
+            ]
         );
     }
 }

@@ -1262,9 +1262,10 @@ pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
 pub async fn tamper_chunk(store: &dyn SnapshotStore, chunk: &crate::snapshot::ChunkRef) {
     let (key, at) = match chunk.location {
         crate::snapshot::ChunkLocation::Pack { pack, offset } => (pack.key(), offset),
-        crate::snapshot::ChunkLocation::Bundle { offset } => {
-            (crate::snapshot::chunk_key(&chunk.hash).expect("key"), offset)
-        }
+        crate::snapshot::ChunkLocation::Bundle { offset } => (
+            crate::snapshot::chunk_key(&chunk.hash).expect("key"),
+            offset,
+        ),
         crate::snapshot::ChunkLocation::Blob => {
             (crate::snapshot::chunk_key(&chunk.hash).expect("key"), 0)
         }
@@ -1479,7 +1480,11 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
     );
     // The redirect lives while a kept snapshot names the repacked pack, and goes after.
     let again = gc(now.keep_last(2)).await;
-    assert_eq!((again.redirects_live, again.redirects_deleted), (1, 0), "{again:?}");
+    assert_eq!(
+        (again.redirects_live, again.redirects_deleted),
+        (1, 0),
+        "{again:?}"
+    );
     for v in 4..6 {
         call(&m, &dave, |sb| async move {
             sh(&sb, &format!("rm -f keep.bin; echo v{v} > v.txt")).await;
@@ -1491,11 +1496,19 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
     // redirect is rewritten to the newest copy, so the copy's own redirect is needed by nobody
     // and goes in the next run.
     let last = gc(now.keep_last(2)).await;
-    assert_eq!((last.packs_repacked, last.locations_missing), (1, 0), "{last:?}");
+    assert_eq!(
+        (last.packs_repacked, last.locations_missing),
+        (1, 0),
+        "{last:?}"
+    );
     let listed = env.snapshots.list_all("packs/").await.expect("list");
     assert_eq!(redirects(&listed), 2);
     let after = gc(now.keep_last(2)).await;
-    assert_eq!((after.redirects_live, after.redirects_deleted), (1, 1), "{after:?}");
+    assert_eq!(
+        (after.redirects_live, after.redirects_deleted),
+        (1, 1),
+        "{after:?}"
+    );
     let left = env.snapshots.list_all("packs/").await.expect("list");
     assert_eq!(redirects(&left), 1);
     call(&m, &dave, |sb| async move {

@@ -192,7 +192,9 @@ impl CountingStore {
         stream
             .inspect(move |chunk| {
                 if let Ok(b) = chunk {
-                    counts.bytes_read.fetch_add(b.len() as u64, Ordering::SeqCst);
+                    counts
+                        .bytes_read
+                        .fetch_add(b.len() as u64, Ordering::SeqCst);
                 }
             })
             .boxed()
