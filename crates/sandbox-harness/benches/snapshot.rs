@@ -20,7 +20,7 @@ use sandbox_harness::local::{LocalClient, LocalOptions};
 use sandbox_harness::snapshot::{self, SnapshotFormat, SnapshotRef, TakeRequest};
 use sandbox_harness::{
     CallContext, CreateRequest, IsolationKey, IsolationScope, LocalDirSnapshotStore, Persistence,
-    SandboxClient, SnapshotSpec, WorkspaceSpec,
+    SandboxClient, SnapshotSpec, SnapshotStore, WorkspaceSpec,
 };
 
 const MIB: usize = 1024 * 1024;

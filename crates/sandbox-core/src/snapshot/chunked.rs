@@ -5,8 +5,9 @@
 //! each — are appended to *packs* (see [`super::pack`]): one streamed `put` per pack of about
 //! [`SnapshotSpec::pack_size`] bytes, a few in flight at once. Each byte of the export is read
 //! once; a chunk is hashed once, and a file's own hash is that chunk's when the file is a
-//! single chunk (a file of several chunks is hashed a second time as a whole, since the manifest
-//! pins whole-file BLAKE3s that change detection compares with). Chunks the parent has are
+//! single chunk. A file of several chunks is hashed a second time as a whole (the manifest pins
+//! whole-file BLAKE3s, which change detection and live-file reuse compare with), on a thread of
+//! its own fed the same buffers, beside the chunk hashes. Chunks the parent has are
 //! referenced at their existing location, never re-sent. A chunk the parent did not reference
 //! always goes into a new pack, even if the store has it somewhere: a concurrent [`super::gc`]
 //! only touches packs older than its grace period, so what this snapshot relies on is either
@@ -291,35 +292,68 @@ impl Chunker {
         path: &RelPath,
         size: u64,
     ) -> Result<FileChunks> {
-        let mut file_hasher = blake3::Hasher::new();
         let mut chunks = Vec::new();
         let mut total = 0u64;
         let mut single = None;
-        for chunk in fastcdc::v2020::StreamCDC::new(entry, self.cdc.min, self.cdc.avg, self.cdc.max)
-        {
-            let chunk =
-                chunk.map_err(|e| Error::io(path.as_str(), io::Error::other(e.to_string())))?;
-            let hash = blake3::hash(&chunk.data).to_hex().to_string();
-            if chunk.length as u64 == size {
-                // The whole file is this chunk: its hash is the file's.
-                single = Some(hash.clone());
-            } else {
-                file_hasher.update(&chunk.data);
+        // A file of several chunks is hashed as a whole too, on a thread of its own fed the
+        // same buffers (no copy), so that the two hashes of each byte run side by side.
+        let hashed = std::thread::scope(|scope| -> Result<Option<String>> {
+            let mut whole: Option<(std::sync::mpsc::SyncSender<Bytes>, _)> = None;
+            for chunk in
+                fastcdc::v2020::StreamCDC::new(entry, self.cdc.min, self.cdc.avg, self.cdc.max)
+            {
+                let chunk = chunk
+                    .map_err(|e| Error::io(path.as_str(), io::Error::other(e.to_string())))?;
+                let data = Bytes::from(chunk.data);
+                let hash = blake3::hash(&data).to_hex().to_string();
+                if chunk.length as u64 == size {
+                    // The whole file is this chunk: its hash is the file's.
+                    single = Some(hash.clone());
+                } else {
+                    let (tx, _) = whole.get_or_insert_with(|| {
+                        let (tx, rx) = std::sync::mpsc::sync_channel::<Bytes>(4);
+                        let worker = scope.spawn(move || {
+                            let mut hasher = blake3::Hasher::new();
+                            for b in rx {
+                                hasher.update(&b);
+                            }
+                            hasher.finalize().to_hex().to_string()
+                        });
+                        (tx, worker)
+                    });
+                    // The worker only stops when the sender is dropped.
+                    let _ = tx.send(data.clone());
+                }
+                total += chunk.length as u64;
+                chunks.push(self.place(hash, data)?);
             }
-            total += chunk.length as u64;
-            chunks.push(self.place(hash, Bytes::from(chunk.data))?);
-        }
+            Ok(match whole {
+                Some((tx, worker)) => {
+                    drop(tx);
+                    Some(worker.join().map_err(|_| {
+                        Error::backend("core", "chunking", "the file hasher panicked")
+                    })?)
+                }
+                None => None,
+            })
+        })?;
         if total != size {
             return Err(Error::unsafe_archive(
                 path.as_str(),
                 format!("exported {total} of {size} bytes"),
             ));
         }
-        Ok(FileChunks {
-            hash: single.unwrap_or_else(|| file_hasher.finalize().to_hex().to_string()),
-            size,
-            chunks,
-        })
+        let hash = match (single, hashed) {
+            (Some(h), None) => h,
+            (None, Some(h)) => h,
+            _ => {
+                return Err(Error::unsafe_archive(
+                    path.as_str(),
+                    "chunking disagreed with the file size",
+                ));
+            }
+        };
+        Ok(FileChunks { hash, size, chunks })
     }
 
     fn small_file<R: Read>(

@@ -1478,6 +1478,35 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
         matches!(err.error, Error::RestoreIncomplete { .. }),
         "{err}"
     );
+    // A damaged redirect fails the restore loudly, and nothing is lost once it is back.
+    let moved = packs_after
+        .iter()
+        .find(|b| b.key.as_str().ends_with(".moved"))
+        .expect("redirect")
+        .key
+        .clone();
+    let good = stream::collect(env.snapshots.get(&moved).await.expect("get"), 1 << 20)
+        .await
+        .expect("read");
+    let mut bad = good.to_vec();
+    let last = bad.len() - 40;
+    bad[last] ^= 1;
+    env.snapshots
+        .put(&moved, stream::once(bad), None)
+        .await
+        .expect("tamper");
+    let err = m
+        .call(&dave, |_| async {})
+        .await
+        .expect_err("damaged redirect");
+    assert!(
+        matches!(err.error, Error::RestoreIncomplete { .. }),
+        "{err}"
+    );
+    env.snapshots
+        .put(&moved, stream::once(good), None)
+        .await
+        .expect("repair");
     // The redirect lives while a kept snapshot names the repacked pack, and goes after.
     let again = gc(now.keep_last(2)).await;
     assert_eq!(
