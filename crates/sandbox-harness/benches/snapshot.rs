@@ -472,15 +472,19 @@ fn make_store(root: &Path, format: SnapshotFormat) -> Arc<dyn SnapshotStore> {
 
 fn spec_for(root: &Path, format: SnapshotFormat) -> (SnapshotSpec, Arc<CountingStore>) {
     let counting = Arc::new(CountingStore::new(make_store(root, format)));
-    let spec = SnapshotSpec::new(counting.clone())
-        .format(format)
-        .keep_last(0)
-        .restore_prefetch(
-            std::env::var("SANDBOX_BENCH_PREFETCH")
-                .ok()
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(2),
-        );
+    let mut spec = SnapshotSpec::new(counting.clone()).format(format);
+    if let Some(bytes) = std::env::var("SANDBOX_BENCH_PACK_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        spec = spec.pack_size(bytes);
+    }
+    let spec = spec.keep_last(0).restore_prefetch(
+        std::env::var("SANDBOX_BENCH_PREFETCH")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(2),
+    );
     (spec, counting)
 }
 

@@ -142,8 +142,9 @@ pub struct SnapshotSpec {
     pub pack_size: u64,
 }
 
-/// Default [`SnapshotSpec::pack_size`]: 32 MiB.
-pub const DEFAULT_PACK_SIZE: u64 = 32 << 20;
+/// Default [`SnapshotSpec::pack_size`]: 16 MiB — a full snapshot is a few uploads, and the last
+/// pack's flush (the part of the upload no chunking overlaps) stays short.
+pub const DEFAULT_PACK_SIZE: u64 = 16 << 20;
 
 impl Default for SnapshotSpec {
     fn default() -> Self {
