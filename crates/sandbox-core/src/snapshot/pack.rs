@@ -229,7 +229,7 @@ impl Redirect {
         from: PackId,
         mut entries: Vec<RedirectEntry>,
     ) -> std::result::Result<Self, RedirectError> {
-        entries.sort_by(|a, b| a.hash.cmp(&b.hash));
+        entries.sort_by_key(|e| e.hash);
         entries.dedup_by(|a, b| a.hash == b.hash);
         let r = Redirect { from, entries };
         r.check()?;
@@ -522,7 +522,8 @@ mod tests {
         overflow[HEADER_LEN + 48..HEADER_LEN + 56].fill(0xff);
         let mut self_ref = good.clone();
         self_ref[HEADER_LEN + 32..HEADER_LEN + 48].copy_from_slice(&from.to_bytes());
-        let cases: Vec<(&str, Vec<u8>, fn(&RedirectError) -> bool)> = vec![
+        type Case = (&'static str, Vec<u8>, fn(&RedirectError) -> bool);
+        let cases: Vec<Case> = vec![
             ("empty", Vec::new(), |e| {
                 matches!(e, RedirectError::TooShort { .. })
             }),
