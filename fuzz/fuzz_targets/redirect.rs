@@ -20,7 +20,11 @@ fuzz_target!(|data: &[u8]| {
 
 fn check(data: &[u8]) {
     if let Ok(r) = Redirect::parse(data, None) {
-        assert_eq!(r.to_bytes(), data, "a parsed redirect re-encodes to its bytes");
+        assert_eq!(
+            r.to_bytes(),
+            data,
+            "a parsed redirect re-encodes to its bytes"
+        );
         let again = Redirect::parse(data, Some(r.from)).expect("parses for its own pack");
         assert_eq!(again, r);
         for e in r.entries() {
