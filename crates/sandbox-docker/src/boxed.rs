@@ -35,8 +35,15 @@ const GO_MODE_SYMLINK: u32 = 1 << 27;
 const HELPER_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Path lists up to this long are exported with one engine download per path; longer ones with
-/// one download of their deepest common directory, filtered to the list.
+/// one download of their deepest common directory, filtered to the list, unless the box's last
+/// listing shows that directory holds much more than the list (see [`plan_export`]).
 const PER_PATH_DOWNLOADS: usize = 4;
+
+/// What one more engine archive call costs, in bytes moved: the engine sets up the container's
+/// filesystem for each call (about 45 ms here), in which time a download moves roughly this
+/// much. [`plan_export`] downloads a common directory only when the unlisted bytes it would
+/// carry cost less than the calls it saves.
+const ARCHIVE_CALL_BYTES: u64 = 16 << 20;
 
 /// Largest file `read_file` returns.
 const READ_LIMIT: u64 = 1 << 30;
@@ -83,6 +90,10 @@ struct Live {
     /// `Replace` import may extract straight into it.
     fresh: bool,
     host_ports: BTreeMap<String, u16>,
+    /// File sizes from the last listing (a stop lists, then exports what changed): what an
+    /// export of a path list weighs in choosing its downloads. Only a cost estimate, never
+    /// trusted for content.
+    sizes: Option<Arc<BTreeMap<RelPath, u64>>>,
 }
 
 /// One container. Made by [`crate::DockerClient`].
@@ -829,6 +840,12 @@ impl BoxHandle for DockerBox {
                 .is_some_and(|c| c.starts_with(STAGE_PREFIX))
         });
         entries.sort_by(|a, b| a.path.cmp(&b.path));
+        let sizes: BTreeMap<RelPath, u64> = entries
+            .iter()
+            .filter(|e| e.size > 0)
+            .map(|e| (e.path.clone(), e.size))
+            .collect();
+        self.live().sizes = Some(Arc::new(sizes));
         Ok(entries)
     }
 
@@ -878,20 +895,19 @@ impl BoxHandle for DockerBox {
         // holding them all, filtered here to the list (one engine archive call however many
         // files; the engine sets up the container's filesystem for every archive call, about
         // 45 ms, so a download per file is what made a first snapshot slow).
-        let downloads = if paths.len() <= PER_PATH_DOWNLOADS {
-            paths
+        let sizes = self.live().sizes.clone();
+        let downloads = match plan_export(&paths, sizes.as_deref()) {
+            ExportPlan::EachPath => paths
                 .iter()
                 .map(|p| Download {
                     stream: download(Some(p)),
                     prefix: Some(p.clone()),
                 })
-                .collect()
-        } else {
-            let common = common_ancestor(&paths);
-            vec![Download {
+                .collect(),
+            ExportPlan::Common(common) => vec![Download {
                 stream: download(common.as_ref()),
                 prefix: common,
-            }]
+            }],
         };
         let filter = tarfix::Filter {
             excludes,
@@ -987,6 +1003,55 @@ impl BoxHandle for DockerBox {
 
 /// The deepest path (by components) that is, or is an ancestor of, every path; `None` for the
 /// workspace root.
+/// How an export of a path list downloads from the engine.
+#[derive(Debug, PartialEq, Eq)]
+enum ExportPlan {
+    /// One archive call per path.
+    EachPath,
+    /// One archive call for this directory (`None`: the workspace root), filtered to the list.
+    Common(Option<RelPath>),
+}
+
+/// Choose the downloads for `paths`: a few paths one call each; more, one call for their
+/// deepest common directory, unless the last listing (`sizes`: file sizes by path) shows the
+/// bytes under it that are not asked for cost more than the calls it saves
+/// ([`ARCHIVE_CALL_BYTES`] per call) — a few files changed across a large workspace are then
+/// fetched one by one instead of downloading the whole workspace.
+fn plan_export(paths: &[RelPath], sizes: Option<&BTreeMap<RelPath, u64>>) -> ExportPlan {
+    if paths.len() <= PER_PATH_DOWNLOADS {
+        return ExportPlan::EachPath;
+    }
+    let common = common_ancestor(paths);
+    let Some(sizes) = sizes else {
+        return ExportPlan::Common(common);
+    };
+    let under = |dir: &RelPath| -> u64 {
+        sizes
+            .range(dir.clone()..)
+            .take_while(|(p, _)| p.as_str().starts_with(dir.as_str()))
+            .filter(|(p, _)| p.starts_with(dir))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let whole: u64 = match &common {
+        Some(dir) => under(dir),
+        None => sizes.values().sum(),
+    };
+    let wanted = tarfix::Wanted::new(paths.to_vec());
+    let asked: u64 = sizes
+        .iter()
+        .filter(|(p, _)| wanted.covers(p))
+        .map(|(_, n)| n)
+        .sum();
+    let extra = whole.saturating_sub(asked);
+    let saved = (paths.len() as u64 - 1).saturating_mul(ARCHIVE_CALL_BYTES);
+    if extra <= saved {
+        ExportPlan::Common(common)
+    } else {
+        ExportPlan::EachPath
+    }
+}
+
 fn common_ancestor(paths: &[RelPath]) -> Option<RelPath> {
     let first = paths.first()?;
     let mut common: Vec<&str> = first.components().collect();
@@ -1008,6 +1073,34 @@ fn common_ancestor(paths: &[RelPath]) -> Option<RelPath> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn export_plans_weigh_calls_against_unlisted_bytes() {
+        let p = |s: &str| RelPath::new(s).unwrap();
+        let many: Vec<RelPath> = (0..10).map(|i| p(&format!("src/f{i}"))).collect();
+        // A few paths: one call each, whatever the sizes.
+        assert_eq!(plan_export(&many[..4], None), ExportPlan::EachPath);
+        // More, nothing known: one call for their common directory.
+        assert_eq!(plan_export(&many, None), ExportPlan::Common(Some(p("src"))));
+        // The listing says the directory holds little else: one call.
+        let mut sizes: BTreeMap<RelPath, u64> = many.iter().map(|q| (q.clone(), 1 << 20)).collect();
+        sizes.insert(p("src/big"), 100 << 20);
+        sizes.insert(p("srcother/huge"), 10 << 30); // beside `src`, not under it
+        assert_eq!(
+            plan_export(&many, Some(&sizes)),
+            ExportPlan::Common(Some(p("src")))
+        );
+        // Ten files spread over a workspace holding 10 GiB more: one call per file.
+        let spread: Vec<RelPath> = (0..10).map(|i| p(&format!("d{i}/f"))).collect();
+        let mut sizes: BTreeMap<RelPath, u64> = spread.iter().map(|q| (q.clone(), 1000)).collect();
+        sizes.insert(p("data/blob"), 10 << 30);
+        assert_eq!(plan_export(&spread, Some(&sizes)), ExportPlan::EachPath);
+        // Many files spread the same way: the saved calls outweigh the extra bytes.
+        let lots: Vec<RelPath> = (0..1000).map(|i| p(&format!("d{i}/f"))).collect();
+        let mut sizes: BTreeMap<RelPath, u64> = lots.iter().map(|q| (q.clone(), 1000)).collect();
+        sizes.insert(p("data/blob"), 10 << 30);
+        assert_eq!(plan_export(&lots, Some(&sizes)), ExportPlan::Common(None));
+    }
 
     #[test]
     fn common_ancestors() {

@@ -1,6 +1,7 @@
 //! Exports of path lists on the real engine (`SANDBOX_TEST_DOCKER=1`, set by
 //! `cargo xtask test`): one engine archive call however many files, counted from the engine's
-//! own event log, and the content round-trips.
+//! own event log, and the content round-trips; a few files spread over a large workspace are
+//! fetched one by one rather than by downloading it all.
 
 mod common;
 
@@ -159,6 +160,37 @@ async fn one_stream_for_many_files(image: &str) {
         seen.get("archive-path").copied().unwrap_or(0),
         2,
         "{seen:?}"
+    );
+
+    // Five files spread over a workspace that also holds 96 MiB nobody asked for: once a
+    // listing has shown the sizes, one download each beats downloading the whole workspace.
+    sh(
+        &sb,
+        "mkdir -p bulk && head -c 100663296 /dev/zero > bulk/blob",
+    )
+    .await;
+    sb.handle().list().await.expect("list");
+    let spread: Vec<String> = ["src/a/f1", "src/b/f2", "other/x", "src/a/f3", "src/b/f4"]
+        .map(str::to_owned)
+        .to_vec();
+    let from = now_ns();
+    let (files, others) = unpack(&export(&sb, &spread).await);
+    let to = now_ns();
+    let mut names = spread.clone();
+    names.sort();
+    assert_eq!(
+        files.keys().cloned().collect::<Vec<_>>(),
+        names,
+        "{image}: {others:?}"
+    );
+    for p in ["src/a/f1", "src/b/f2", "src/a/f3", "src/b/f4"] {
+        assert_eq!(files[p], expected[p], "{image}: {p}");
+    }
+    let seen = events(&name, from, to).await;
+    assert_eq!(
+        seen.get("archive-path").copied().unwrap_or(0),
+        5,
+        "{image}: a download per file, not one of the 96 MiB workspace: {seen:?}"
     );
     sb.destroy().await.expect("destroy");
 }
