@@ -124,7 +124,11 @@ fuzz_target!(|data: &[u8]| {
     names.sort();
     assert_eq!(names, ["o", "w"], "extraction wrote beside its destination");
     let after = record_with_root(&s.outside);
-    assert!(after == s.before, "extraction changed the outside: {}", diff(&s.before, &after));
+    assert!(
+        after == s.before,
+        "extraction changed the outside: {}",
+        diff(&s.before, &after)
+    );
     inside(&s.dest, &s.dest);
 
     let mut input = data;
@@ -139,7 +143,10 @@ fuzz_target!(|data: &[u8]| {
 /// The paths whose record differs, with both states.
 fn diff(before: &BTreeMap<String, NodeState>, after: &BTreeMap<String, NodeState>) -> String {
     let mut out = String::new();
-    for path in before.keys().chain(after.keys().filter(|k| !before.contains_key(*k))) {
+    for path in before
+        .keys()
+        .chain(after.keys().filter(|k| !before.contains_key(*k)))
+    {
         let (b, a) = (before.get(path), after.get(path));
         if b != a {
             out.push_str(&format!("\n  {path}: {b:?} -> {a:?}"));

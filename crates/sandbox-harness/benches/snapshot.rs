@@ -6,18 +6,21 @@
 //! Baselines: `tar -cf`, `tar -xf`, and `tar -c | sha256sum` (archiving while hashing).
 //!
 //! Each of our measurements runs in a child process of this binary so its peak RSS
-//! (`VmHWM`) is its own. Results: a table on stdout and `target/bench/snapshot.json`.
+//! (`VmHWM`) is its own. Results: a table on stdout and `target/bench/snapshot.json`, every row
+//! with the store it ran on and the store requests of the phase (PUT/GET/LIST/DELETE, bytes),
+//! counted by `testkit::CountingStore` around the store that [`make_store`] builds.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sandbox_core::testkit::{CountingStore, StoreCounts};
 use sandbox_harness::local::{LocalClient, LocalOptions};
 use sandbox_harness::snapshot::{self, SnapshotFormat, SnapshotRef, TakeRequest};
 use sandbox_harness::{
     CallContext, CreateRequest, IsolationKey, IsolationScope, LocalDirSnapshotStore, Persistence,
-    SandboxClient, SnapshotSpec, WorkspaceSpec,
+    SandboxClient, SnapshotSpec, SnapshotStore, WorkspaceSpec,
 };
 
 const MIB: usize = 1024 * 1024;
@@ -39,6 +42,8 @@ fn main() {
 
 #[derive(Debug, Clone, serde::Serialize)]
 struct Row {
+    /// The snapshot store (`local`; see [`make_store`]).
+    store: String,
     workload: String,
     phase: String,
     format: String,
@@ -48,6 +53,8 @@ struct Row {
     ratio: f64,
     bytes_written: u64,
     peak_rss_kib: u64,
+    /// Store requests and bytes of the phase.
+    requests: StoreCounts,
     note: String,
 }
 
@@ -62,6 +69,8 @@ struct ChildResult {
     /// Bytes of the manifest among `bytes_written`.
     manifest_bytes: u64,
     snapshot: Option<String>,
+    #[serde(default)]
+    requests: StoreCounts,
 }
 
 impl ChildResult {
@@ -75,6 +84,7 @@ impl ChildResult {
             files_hashed: 0,
             manifest_bytes: 0,
             snapshot: None,
+            requests: StoreCounts::default(),
         }
     }
 }
@@ -257,6 +267,7 @@ impl Bench {
         note: &str,
     ) {
         self.rows.push(Row {
+            store: store_kind(),
             workload: workload.into(),
             phase: phase.into(),
             format: format_name(format).into(),
@@ -266,6 +277,7 @@ impl Bench {
             ratio: r.ms / baseline_ms,
             bytes_written: r.bytes_written,
             peak_rss_kib: r.peak_rss_kib,
+            requests: r.requests,
             note: note.into(),
         });
     }
@@ -325,7 +337,7 @@ impl Bench {
     /// Mark-and-sweep over the chunked store all workloads wrote: retention down to one
     /// snapshot per namespace, then every unreferenced chunk swept (grace 0).
     fn gc(&mut self) {
-        let store = LocalDirSnapshotStore::new(self.root.join("store-chunked"));
+        let store = CountingStore::new(make_store(&self.root, SnapshotFormat::Chunked));
         let rt = runtime();
         let started = Instant::now();
         let report = rt
@@ -341,13 +353,18 @@ impl Bench {
             .expect("gc");
         let gc_ms = ms(started.elapsed());
         let note = format!(
-            "{} snapshots retired, {} chunks swept ({} B), {} live",
+            "{} snapshots retired; packs: {} deleted, {} repacked, {} live, {} B freed; {} old chunk blobs swept",
             report.snapshots_deleted,
+            report.packs_deleted,
+            report.packs_repacked,
+            report.packs_live,
+            report.pack_bytes_freed,
             report.chunks_deleted,
-            report.chunk_bytes_freed,
-            report.chunks_live
         );
-        let r = ChildResult::timed(gc_ms);
+        let r = ChildResult {
+            requests: store.counts(),
+            ..ChildResult::timed(gc_ms)
+        };
         self.push(
             "*",
             "gc (mark + sweep)",
@@ -360,12 +377,24 @@ impl Bench {
 
     fn report(&self) {
         println!(
-            "{:<3} {:<27} {:<8} {:>10} {:<20} {:>10} {:>7} {:>12} {:>9}  note",
-            "wl", "phase", "format", "ours ms", "baseline", "base ms", "ratio", "bytes", "rss KiB"
+            "{:<6} {:<3} {:<27} {:<8} {:>10} {:<20} {:>10} {:>7} {:>12} {:>9} {:>18}  note",
+            "store",
+            "wl",
+            "phase",
+            "format",
+            "ours ms",
+            "baseline",
+            "base ms",
+            "ratio",
+            "bytes",
+            "rss KiB",
+            "PUT/GET/LIST/DEL"
         );
         for r in &self.rows {
+            let q = &r.requests;
             println!(
-                "{:<3} {:<27} {:<8} {:>10.2} {:<20} {:>10.2} {:>7.2} {:>12} {:>9}  {}",
+                "{:<6} {:<3} {:<27} {:<8} {:>10.2} {:<20} {:>10.2} {:>7.2} {:>12} {:>9} {:>18}  {}",
+                r.store,
                 r.workload,
                 r.phase,
                 r.format,
@@ -375,6 +404,7 @@ impl Bench {
                 r.ratio,
                 r.bytes_written,
                 r.peak_rss_kib,
+                format!("{}/{}/{}/{}", q.puts, q.gets, q.lists, q.deletes),
                 r.note
             );
         }
@@ -424,18 +454,38 @@ fn client_and_key(root: &Path, name: &str) -> (LocalClient, IsolationKey) {
     (client, key)
 }
 
-fn spec_for(root: &Path, format: SnapshotFormat) -> SnapshotSpec {
-    SnapshotSpec::new(Arc::new(LocalDirSnapshotStore::new(
-        root.join(format!("store-{}", format_name(format))),
-    )))
-    .format(format)
-    .keep_last(0)
-    .restore_prefetch(
+/// The store the bench runs on, from `SANDBOX_BENCH_STORE` (default `local`).
+fn store_kind() -> String {
+    std::env::var("SANDBOX_BENCH_STORE").unwrap_or_else(|_| "local".into())
+}
+
+/// The one place the bench builds its snapshot store (one per format, so each format's data
+/// is measured apart); other stores (S3, Redis) plug in here.
+fn make_store(root: &Path, format: SnapshotFormat) -> Arc<dyn SnapshotStore> {
+    match store_kind().as_str() {
+        "local" => Arc::new(LocalDirSnapshotStore::new(
+            root.join(format!("store-{}", format_name(format))),
+        )),
+        other => panic!("snapshot bench: store `{other}` is not supported yet (local)"),
+    }
+}
+
+fn spec_for(root: &Path, format: SnapshotFormat) -> (SnapshotSpec, Arc<CountingStore>) {
+    let counting = Arc::new(CountingStore::new(make_store(root, format)));
+    let mut spec = SnapshotSpec::new(counting.clone()).format(format);
+    if let Some(bytes) = std::env::var("SANDBOX_BENCH_PACK_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        spec = spec.pack_size(bytes);
+    }
+    let spec = spec.keep_last(0).restore_prefetch(
         std::env::var("SANDBOX_BENCH_PREFETCH")
             .ok()
             .and_then(|c| c.parse().ok())
             .unwrap_or(2),
-    )
+    );
+    (spec, counting)
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -455,7 +505,7 @@ fn child(args: &[String]) {
         parse_format(&args[3]),
     );
     let rt = runtime();
-    let spec = spec_for(root, format);
+    let (spec, counting) = spec_for(root, format);
     let result = rt.block_on(async {
         let (client, key) = client_and_key(root, name);
         let ws_spec = WorkspaceSpec::default();
@@ -479,6 +529,7 @@ fn child(args: &[String]) {
                     .await
                     .expect("take");
                 let ms = ms(started.elapsed());
+                let requests = counting.counts();
                 save_ref(root, &key, &out.snapshot);
                 ChildResult {
                     ms,
@@ -492,6 +543,7 @@ fn child(args: &[String]) {
                         out.snapshot.manifest_size
                     },
                     snapshot: Some(out.snapshot.id),
+                    requests,
                 }
             }
             "restore" => {
@@ -513,8 +565,12 @@ fn child(args: &[String]) {
                     .await
                     .expect("restore");
                 let ms = ms(started.elapsed());
+                let requests = counting.counts();
                 handle.destroy().await.expect("destroy");
-                ChildResult::timed(ms)
+                ChildResult {
+                    requests,
+                    ..ChildResult::timed(ms)
+                }
             }
             other => panic!("unknown child op {other}"),
         }

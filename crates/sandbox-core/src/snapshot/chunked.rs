@@ -1,40 +1,52 @@
-//! The chunked format: files cut into content-defined chunks (FastCDC), each stored once under
-//! its BLAKE3 in `chunks/<aa>/<hash>`; the manifest lists every file's chunks.
+//! The chunked format: files cut into content-defined chunks (FastCDC), each stored once and
+//! addressed by its BLAKE3; the manifest lists every file's chunks and where they are.
 //!
-//! Small files (under the minimum chunk size) are packed into *bundles*: blobs of up to the
-//! maximum chunk size holding several files back to back, stored like chunks and referenced as
-//! `[bundle, len, offset]`. A tree of 100,000 tiny files thus becomes a few hundred blobs, not
-//! 100,000, and small files with identical content share one slice.
+//! Writing (manifest version 2): chunks the parent does not have — small files are one chunk
+//! each — are appended to *packs* (see [`super::pack`]): one streamed `put` per pack of about
+//! [`SnapshotSpec::pack_size`] bytes, a few in flight at once. Each byte of the export is read
+//! once; a chunk is hashed once, and a file's own hash is that chunk's when the file is a
+//! single chunk. A file of several chunks is hashed a second time as a whole (the manifest pins
+//! whole-file BLAKE3s, which change detection and live-file reuse compare with), on a thread of
+//! its own fed the same buffers, beside the chunk hashes. Chunks the parent has are
+//! referenced at their existing location, never re-sent. A chunk the parent did not reference
+//! always goes into a new pack, even if the store has it somewhere: a concurrent [`super::gc`]
+//! only touches packs older than its grace period, so what this snapshot relies on is either
+//! referenced by its parent or young.
 //!
-//! Taking: only files whose metadata changed since the parent are exported from the box; their
-//! chunks not already in the parent are uploaded (several at once), then the manifest.
-//! Chunks the parent has are referenced, never re-sent. A chunk not in the parent is always
-//! (re)written even if the store has it, which refreshes its age: a concurrent [`super::gc`]
-//! only sweeps chunks older than its grace period, so a chunk this snapshot relies on is never
-//! swept under it.
-//!
-//! Restoring: blobs are fetched (several at once, in manifest order, a bundle once for the run
-//! of files it holds), each checked against its hash, each file against its hash, and assembled
-//! into a tar stream that then passes the archive validator before the box imports it.
+//! Restoring: pieces are fetched in manifest order with ranged reads, neighbours in one pack
+//! coalesced into one read (bounded gap and size, see [`super::pack::Coalesce`]), a few reads
+//! ahead; every chunk is checked against its hash, every file against its hash, and the
+//! assembled tar stream passes the archive validator before the box imports it. A pack that is
+//! gone is looked up in its redirect (left by a repack). Snapshots written before packs (chunk
+//! blobs `chunks/<aa>/<hash>`, small files in *bundles* referenced as `[bundle, len, offset]`)
+//! restore the same way, blob by blob.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::io::{self, Read};
+use std::pin::Pin;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{Mutex, Semaphore, mpsc};
 
-use super::manifest::{ChunkRef, Manifest};
-use super::{Plan, SnapshotSpec, SnapshotStoreExt as _, TakeContext, chunk_key};
+use super::manifest::{ChunkLocation, ChunkRef, Manifest};
+use super::pack::{
+    Coalesce, MAX_PACK_CHUNKS, MAX_REDIRECT_DEPTH, PackId, Piece, RangeRead, Redirect,
+};
+use super::{Plan, SnapshotSpec, SnapshotStore, TakeContext, chunk_key};
 use crate::archive::{self, ArchivePolicy, Checked};
 use crate::backend::{BoxHandle, EntryType};
 use crate::error::{Error, Result};
 use crate::path::RelPath;
 use crate::stream::{self, ByteStream};
 
-/// Largest bundle accepted on restore (bundles are written up to the maximum chunk size).
+/// Largest bundle accepted on restore (bundles were written up to the maximum chunk size).
 const MAX_BUNDLE: usize = 64 << 20;
+
+/// Packs being uploaded at once by one snapshot.
+const PACKS_IN_FLIGHT: usize = 4;
 
 /// What the chunker learned about one exported file.
 struct FileChunks {
@@ -50,17 +62,20 @@ pub(super) async fn take(
     parent: Option<&Manifest>,
 ) -> Result<(Manifest, u64, u64)> {
     let spec = ctx.spec;
-    let mut known: HashSet<String> = HashSet::new();
-    // Small files of the parent by content: an unchanged small file (touched, or copied)
-    // points at its old slice instead of going into a new bundle.
-    let mut small: HashMap<String, ChunkRef> = HashMap::new();
+    // Every location the parent knows, by content: a chunk's or pack piece's hash, and for an
+    // old bundle slice holding a whole small file, that file's hash.
+    let mut known: HashMap<String, ChunkRef> = HashMap::new();
     if let Some(p) = parent {
         for e in &p.entries {
-            known.extend(e.chunks.iter().map(|c| c.hash.clone()));
+            for c in &e.chunks {
+                if !matches!(c.location, ChunkLocation::Bundle { .. }) {
+                    known.entry(c.hash.clone()).or_insert_with(|| c.clone());
+                }
+            }
             if let ([one], Some(h)) = (&e.chunks[..], &e.hash)
-                && one.offset.is_some()
+                && matches!(one.location, ChunkLocation::Bundle { .. })
             {
-                small.insert(h.clone(), one.clone());
+                known.entry(h.clone()).or_insert_with(|| one.clone());
             }
         }
     }
@@ -70,51 +85,31 @@ pub(super) async fn take(
         let exported = handle
             .export(&ctx.export_request(Some(plan.changed.clone())))
             .await?;
-        let (tx, rx) = mpsc::channel::<(String, Bytes)>(spec.concurrency.max(1) * 2);
         let policy = spec.policy;
         let cdc = spec.chunking;
+        let packs = PackWriter::new(spec.store.clone(), spec.pack_size);
         let chunker = tokio::task::spawn_blocking(move || {
             let mut reader = stream::blocking_reader(exported);
-            Chunker {
-                cdc,
-                known,
-                small,
-                tx,
-                bundle: Bundle::default(),
-            }
-            .run(&mut reader, policy)
+            Chunker { cdc, known, packs }.run(&mut reader, policy)
         });
-        let store = spec.store.clone();
-        let uploads = futures::stream::poll_fn({
-            let mut rx = rx;
-            move |cx| rx.poll_recv(cx)
-        })
-        .map(|(hash, data)| {
-            let store = store.clone();
-            async move {
-                let len = data.len() as u64;
-                store.put_bytes(&chunk_key(&hash)?, data).await?;
-                Ok::<u64, Error>(len)
-            }
-        })
-        .buffer_unordered(spec.concurrency.max(1));
-        let mut uploads = Box::pin(uploads);
-        let mut upload_error = None;
-        while let Some(r) = uploads.next().await {
-            match r {
+        let (chunk_result, puts) = chunker
+            .await
+            .map_err(|e| Error::backend("core", "chunking", e.to_string()))?;
+        // A failed upload is the cause when the chunker saw its channel close: report it first.
+        let mut put_error = None;
+        for put in puts {
+            match put
+                .await
+                .map_err(|e| Error::backend("core", "pack upload", e.to_string()))
+                .and_then(|r| r)
+            {
                 Ok(n) => uploaded += n,
                 Err(e) => {
-                    upload_error = Some(e);
-                    break;
+                    put_error.get_or_insert(e);
                 }
             }
         }
-        // Dropping the uploads closes the channel, which stops the chunker.
-        drop(uploads);
-        let chunk_result = chunker
-            .await
-            .map_err(|e| Error::backend("core", "chunking", e.to_string()))?;
-        if let Some(e) = upload_error {
+        if let Some(e) = put_error {
             return Err(e);
         }
         chunked = chunk_result?;
@@ -145,27 +140,115 @@ pub(super) async fn take(
     ))
 }
 
-/// Small files waiting to be sealed into one bundle.
-#[derive(Default)]
-struct Bundle {
-    data: BytesMut,
-    /// Files in it: path, offset, length.
-    members: Vec<(RelPath, u64, u64)>,
+type PutHandle = tokio::task::JoinHandle<Result<u64>>;
+
+/// Appends chunks to packs, each one streamed `put` (run on the runtime) fed through a short
+/// channel: the chunker never holds more than a few chunks per open pack.
+struct PackWriter {
+    rt: tokio::runtime::Handle,
+    store: Arc<dyn SnapshotStore>,
+    target: u64,
+    slots: Arc<Semaphore>,
+    open: Option<OpenPack>,
+    puts: Vec<PutHandle>,
+}
+
+struct OpenPack {
+    id: PackId,
+    tx: mpsc::Sender<Result<Bytes>>,
+    len: u64,
+    chunks: usize,
+}
+
+impl PackWriter {
+    fn new(store: Arc<dyn SnapshotStore>, target: u64) -> Self {
+        PackWriter {
+            rt: tokio::runtime::Handle::current(),
+            store,
+            target: target.max(1),
+            slots: Arc::new(Semaphore::new(PACKS_IN_FLIGHT)),
+            open: None,
+            puts: Vec::new(),
+        }
+    }
+
+    /// Append one chunk; returns where it will be. Blocks while the pack's upload is behind.
+    fn append(&mut self, data: Bytes) -> Result<(PackId, u64)> {
+        if self.open.is_none() {
+            self.open = Some(self.start());
+        }
+        let open = self.open.as_mut().expect("opened above");
+        let at = (open.id, open.len);
+        open.len += data.len() as u64;
+        open.chunks += 1;
+        if open.tx.blocking_send(Ok(data)).is_err() {
+            // The upload stopped (a failed put); its error is reported by the caller.
+            return Err(Error::backend("core", "snapshot", "pack upload stopped"));
+        }
+        if open.len >= self.target || open.chunks >= MAX_PACK_CHUNKS {
+            self.open = None; // the closed channel ends the pack's stream: the put completes
+        }
+        Ok(at)
+    }
+
+    fn start(&mut self) -> OpenPack {
+        let permit = self
+            .rt
+            .block_on(self.slots.clone().acquire_owned())
+            .expect("the semaphore is never closed");
+        let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(4);
+        let id = PackId::generate();
+        let store = self.store.clone();
+        self.puts.push(self.rt.spawn(async move {
+            let _permit = permit;
+            let data = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed();
+            store.put(&id.key(), data, None).await
+        }));
+        OpenPack {
+            id,
+            tx,
+            len: 0,
+            chunks: 0,
+        }
+    }
+
+    /// Finish: seal the open pack (`ok`), or make its upload fail so nothing partial is
+    /// stored. Returns the uploads to await.
+    fn finish(mut self, ok: bool) -> Vec<PutHandle> {
+        if let Some(open) = self.open.take()
+            && !ok
+        {
+            let _ = open.tx.blocking_send(Err(Error::backend(
+                "core",
+                "snapshot",
+                "snapshot abandoned",
+            )));
+        }
+        self.puts
+    }
 }
 
 struct Chunker {
     cdc: super::Chunking,
-    known: HashSet<String>,
-    small: HashMap<String, ChunkRef>,
-    tx: mpsc::Sender<(String, Bytes)>,
-    bundle: Bundle,
+    known: HashMap<String, ChunkRef>,
+    packs: PackWriter,
 }
 
 impl Chunker {
-    /// Cut every file of an exported archive into chunks or bundle slices; send blobs nobody
-    /// has yet.
+    /// Cut every file of an exported archive into chunks; append the ones nobody has yet to
+    /// packs. Returns the files and the pack uploads (to await even on failure).
     fn run<R: Read>(
         mut self,
+        reader: &mut R,
+        policy: ArchivePolicy,
+    ) -> (Result<HashMap<RelPath, FileChunks>>, Vec<PutHandle>) {
+        let result = self.files(reader, policy);
+        let puts = self.packs.finish(result.is_ok());
+        (result, puts)
+    }
+
+    fn files<R: Read>(
+        &mut self,
         reader: &mut R,
         policy: ArchivePolicy,
     ) -> Result<HashMap<RelPath, FileChunks>> {
@@ -184,22 +267,23 @@ impl Chunker {
                     self.large_file(&mut entry, &path, size)?
                 };
                 out.insert(path, file);
-                if self.bundle.data.len() >= self.cdc.max as usize {
-                    self.seal(&mut out)?;
-                }
             }
         }
-        self.seal(&mut out)?;
         std::io::copy(reader, &mut std::io::sink()).map_err(|e| Error::io("export", e))?;
         Ok(out)
     }
 
-    fn send(&mut self, hash: String, data: Bytes) -> Result<()> {
-        if self.known.insert(hash.clone()) && self.tx.blocking_send((hash, data)).is_err() {
-            // The uploader stopped (a failed put); its error is reported by the caller.
-            return Err(Error::backend("core", "snapshot", "chunk upload stopped"));
+    /// The reference for a chunk: where the parent (or this snapshot) already has it, else
+    /// appended to a pack.
+    fn place(&mut self, hash: String, data: Bytes) -> Result<ChunkRef> {
+        if let Some(known) = self.known.get(&hash) {
+            return Ok(known.clone());
         }
-        Ok(())
+        let len = data.len() as u64;
+        let (pack, offset) = self.packs.append(data)?;
+        let r = ChunkRef::packed(hash.clone(), len, pack, offset);
+        self.known.insert(hash, r.clone());
+        Ok(r)
     }
 
     fn large_file<R: Read>(
@@ -208,30 +292,68 @@ impl Chunker {
         path: &RelPath,
         size: u64,
     ) -> Result<FileChunks> {
-        let mut file_hasher = blake3::Hasher::new();
         let mut chunks = Vec::new();
         let mut total = 0u64;
-        for chunk in fastcdc::v2020::StreamCDC::new(entry, self.cdc.min, self.cdc.avg, self.cdc.max)
-        {
-            let chunk =
-                chunk.map_err(|e| Error::io(path.as_str(), io::Error::other(e.to_string())))?;
-            file_hasher.update(&chunk.data);
-            let hash = blake3::hash(&chunk.data).to_hex().to_string();
-            total += chunk.length as u64;
-            chunks.push(ChunkRef::whole(hash.clone(), chunk.length as u64));
-            self.send(hash, Bytes::from(chunk.data))?;
-        }
+        let mut single = None;
+        // A file of several chunks is hashed as a whole too, on a thread of its own fed the
+        // same buffers (no copy), so that the two hashes of each byte run side by side.
+        let hashed = std::thread::scope(|scope| -> Result<Option<String>> {
+            let mut whole: Option<(std::sync::mpsc::SyncSender<Bytes>, _)> = None;
+            for chunk in
+                fastcdc::v2020::StreamCDC::new(entry, self.cdc.min, self.cdc.avg, self.cdc.max)
+            {
+                let chunk = chunk
+                    .map_err(|e| Error::io(path.as_str(), io::Error::other(e.to_string())))?;
+                let data = Bytes::from(chunk.data);
+                let hash = blake3::hash(&data).to_hex().to_string();
+                if chunk.length as u64 == size {
+                    // The whole file is this chunk: its hash is the file's.
+                    single = Some(hash.clone());
+                } else {
+                    let (tx, _) = whole.get_or_insert_with(|| {
+                        let (tx, rx) = std::sync::mpsc::sync_channel::<Bytes>(4);
+                        let worker = scope.spawn(move || {
+                            let mut hasher = blake3::Hasher::new();
+                            for b in rx {
+                                hasher.update(&b);
+                            }
+                            hasher.finalize().to_hex().to_string()
+                        });
+                        (tx, worker)
+                    });
+                    // The worker only stops when the sender is dropped.
+                    let _ = tx.send(data.clone());
+                }
+                total += chunk.length as u64;
+                chunks.push(self.place(hash, data)?);
+            }
+            Ok(match whole {
+                Some((tx, worker)) => {
+                    drop(tx);
+                    Some(worker.join().map_err(|_| {
+                        Error::backend("core", "chunking", "the file hasher panicked")
+                    })?)
+                }
+                None => None,
+            })
+        })?;
         if total != size {
             return Err(Error::unsafe_archive(
                 path.as_str(),
                 format!("exported {total} of {size} bytes"),
             ));
         }
-        Ok(FileChunks {
-            hash: file_hasher.finalize().to_hex().to_string(),
-            size,
-            chunks,
-        })
+        let hash = match (single, hashed) {
+            (Some(h), None) => h,
+            (None, Some(h)) => h,
+            _ => {
+                return Err(Error::unsafe_archive(
+                    path.as_str(),
+                    "chunking disagreed with the file size",
+                ));
+            }
+        };
+        Ok(FileChunks { hash, size, chunks })
     }
 
     fn small_file<R: Read>(
@@ -251,62 +373,32 @@ impl Chunker {
             ));
         }
         let hash = blake3::hash(&content).to_hex().to_string();
-        if size == 0 {
-            return Ok(FileChunks {
-                hash,
-                size,
-                chunks: Vec::new(),
-            });
-        }
-        if let Some(slice) = self.small.get(&hash) {
-            return Ok(FileChunks {
-                hash,
-                size,
-                chunks: vec![slice.clone()],
-            });
-        }
-        let offset = self.bundle.data.len() as u64;
-        self.bundle.data.extend_from_slice(&content);
-        self.bundle.members.push((path.clone(), offset, size));
-        // The slice is filled in when the bundle is sealed.
-        Ok(FileChunks {
-            hash,
-            size,
-            chunks: Vec::new(),
-        })
-    }
-
-    /// Seal the open bundle when it is full (or at the end): upload it and point its members
-    /// at it.
-    fn seal(&mut self, out: &mut HashMap<RelPath, FileChunks>) -> Result<()> {
-        if self.bundle.members.is_empty() {
-            return Ok(());
-        }
-        let bundle = std::mem::take(&mut self.bundle);
-        let data = bundle.data.freeze();
-        let hash = blake3::hash(&data).to_hex().to_string();
-        for (path, offset, len) in bundle.members {
-            let slice = ChunkRef::slice(hash.clone(), len, offset);
-            if let Some(f) = out.get_mut(&path) {
-                self.small.insert(f.hash.clone(), slice.clone());
-                f.chunks = vec![slice];
-            }
-        }
-        self.send(hash, data)
+        let chunks = if size == 0 {
+            Vec::new()
+        } else {
+            vec![self.place(hash.clone(), Bytes::from(content))?]
+        };
+        Ok(FileChunks { hash, size, chunks })
     }
 }
 
-/// One blob to fetch and the pieces of it the assembler wants, in order.
-struct Fetch {
-    hash: String,
-    /// Whole blobs: the expected length. Bundles: `None`.
-    whole_len: Option<u64>,
-    slices: Vec<(u64, u64)>,
+/// One read and the pieces of it the assembler wants, in order.
+enum Fetch {
+    /// A whole chunk blob (version 1).
+    Blob { hash: String, len: u64 },
+    /// Slices of one bundle blob (version 1).
+    Bundle {
+        hash: String,
+        slices: Vec<(u64, u64)>,
+    },
+    /// A ranged read of a pack.
+    Range(RangeRead),
 }
 
-/// Group the manifest's pieces into fetches: consecutive slices of one bundle share a fetch.
-/// Files in `reuse` are read from the box instead.
-fn plan_fetches(manifest: &Manifest, reuse: &HashSet<RelPath>) -> Vec<Fetch> {
+/// Group the manifest's pieces into reads, in order: neighbouring pieces of one pack share a
+/// ranged read, consecutive slices of one bundle a fetch. Files in `reuse` are read from the
+/// box instead.
+fn plan_fetches(manifest: &Manifest, reuse: &HashSet<RelPath>, coalesce: Coalesce) -> Vec<Fetch> {
     let mut fetches: Vec<Fetch> = Vec::new();
     let pieces = manifest
         .entries
@@ -314,25 +406,202 @@ fn plan_fetches(manifest: &Manifest, reuse: &HashSet<RelPath>) -> Vec<Fetch> {
         .filter(|e| !reuse.contains(&e.path))
         .flat_map(|e| e.chunks.iter());
     for c in pieces {
-        match c.offset {
-            None => fetches.push(Fetch {
+        match c.location {
+            ChunkLocation::Blob => fetches.push(Fetch::Blob {
                 hash: c.hash.clone(),
-                whole_len: Some(c.len),
-                slices: vec![(0, c.len)],
+                len: c.len,
             }),
-            Some(off) => match fetches.last_mut() {
-                Some(last) if last.whole_len.is_none() && last.hash == c.hash => {
-                    last.slices.push((off, c.len))
+            ChunkLocation::Bundle { offset } => match fetches.last_mut() {
+                Some(Fetch::Bundle { hash, slices }) if *hash == c.hash => {
+                    slices.push((offset, c.len))
                 }
-                _ => fetches.push(Fetch {
+                _ => fetches.push(Fetch::Bundle {
                     hash: c.hash.clone(),
-                    whole_len: None,
-                    slices: vec![(off, c.len)],
+                    slices: vec![(offset, c.len)],
                 }),
             },
+            ChunkLocation::Pack { pack, offset } => {
+                let piece = Piece {
+                    hash: c.hash.clone(),
+                    offset,
+                    len: c.len,
+                };
+                match fetches.last_mut() {
+                    Some(Fetch::Range(read)) if coalesce.extends(read, pack, &piece) => {
+                        read.extend(piece)
+                    }
+                    _ => fetches.push(Fetch::Range(RangeRead {
+                        pack,
+                        offset,
+                        len: c.len,
+                        pieces: vec![piece],
+                    })),
+                }
+            }
         }
     }
     fetches
+}
+
+/// Reads packs for one restore: ranged reads, verified pieces, redirects of repacked packs
+/// (each read once).
+struct PackReader {
+    store: Arc<dyn SnapshotStore>,
+    coalesce: Coalesce,
+    redirects: Mutex<HashMap<PackId, Arc<Redirect>>>,
+}
+
+type Pieces<'a> = Pin<Box<dyn Future<Output = Result<Vec<Bytes>>> + Send + 'a>>;
+
+impl PackReader {
+    fn new(store: Arc<dyn SnapshotStore>, coalesce: Coalesce) -> Self {
+        PackReader {
+            store,
+            coalesce,
+            redirects: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn fetch(&self, fetch: Fetch) -> Result<Vec<Bytes>> {
+        match fetch {
+            Fetch::Blob { hash, len } => {
+                let data = self.blob(&hash, Some(len)).await?;
+                Ok(vec![data])
+            }
+            Fetch::Bundle { hash, slices } => {
+                let data = self.blob(&hash, None).await?;
+                slices
+                    .into_iter()
+                    .map(|(off, len)| {
+                        let end = off.checked_add(len).filter(|e| *e <= data.len() as u64);
+                        match end {
+                            Some(end) => Ok(data.slice(off as usize..end as usize)),
+                            None => Err(Error::unsafe_archive(
+                                hash.as_str(),
+                                "slice outside its bundle",
+                            )),
+                        }
+                    })
+                    .collect()
+            }
+            Fetch::Range(read) => self.range(read, 0).await,
+        }
+    }
+
+    /// A version 1 blob, checked against its hash (and length, for whole chunks).
+    async fn blob(&self, hash: &str, whole_len: Option<u64>) -> Result<Bytes> {
+        let key = chunk_key(hash)?;
+        let limit = whole_len.map_or(MAX_BUNDLE, |l| usize::try_from(l).unwrap_or(usize::MAX));
+        let data = stream::collect_sized(
+            self.store.get(&key).await?,
+            whole_len.map_or(1 << 20, |l| l as usize),
+            limit,
+        )
+        .await?;
+        if whole_len.is_some_and(|l| data.len() as u64 != l)
+            || blake3::hash(&data).to_hex().as_str() != hash
+        {
+            return Err(Error::unsafe_archive(
+                key.as_str(),
+                "blob content differs from its hash",
+            ));
+        }
+        Ok(data)
+    }
+
+    /// One ranged read of a pack, split into its pieces, each checked against its hash; a
+    /// pack that is gone is looked up in its redirect.
+    fn range(&self, read: RangeRead, depth: usize) -> Pieces<'_> {
+        Box::pin(async move {
+            let key = read.pack.key();
+            let len = usize::try_from(read.len).unwrap_or(usize::MAX);
+            let got = match self.store.get_range(&key, read.offset, read.len).await {
+                Ok(s) => stream::collect_sized(s, len, len).await,
+                Err(e) => Err(e),
+            };
+            let data = match got {
+                Ok(d) => d,
+                Err(Error::NotFound { .. }) if depth < MAX_REDIRECT_DEPTH => {
+                    return self.moved(read, depth).await;
+                }
+                Err(e) => return Err(e),
+            };
+            if data.len() != len {
+                return Err(Error::unsafe_archive(
+                    key.as_str(),
+                    "the pack ends before the chunks it should hold",
+                ));
+            }
+            read.pieces
+                .iter()
+                .map(|p| {
+                    let start = (p.offset - read.offset) as usize;
+                    let piece = data.slice(start..start + p.len as usize);
+                    if blake3::hash(&piece).to_hex().as_str() != p.hash {
+                        return Err(Error::unsafe_archive(
+                            key.as_str(),
+                            format!("chunk at {} differs from its hash", p.offset),
+                        ));
+                    }
+                    Ok(piece)
+                })
+                .collect()
+        })
+    }
+
+    /// The pieces of a read whose pack was repacked, from where its redirect says they are.
+    async fn moved(&self, read: RangeRead, depth: usize) -> Result<Vec<Bytes>> {
+        let redirect = self.redirect(read.pack).await?;
+        let mut reads = Vec::new();
+        for p in read.pieces {
+            let found = redirect
+                .find(&p.hash)
+                .filter(|e| e.len == p.len)
+                .ok_or_else(|| {
+                    Error::unsafe_archive(
+                        read.pack.redirect_key().as_str(),
+                        format!("chunk {} is not in the repacked pack's redirect", p.hash),
+                    )
+                })?;
+            let piece = Piece {
+                offset: found.offset,
+                ..p
+            };
+            self.coalesce.push(&mut reads, found.pack, piece);
+        }
+        let mut out = Vec::new();
+        for r in reads {
+            out.extend(self.range(r, depth + 1).await?);
+        }
+        Ok(out)
+    }
+
+    async fn redirect(&self, pack: PackId) -> Result<Arc<Redirect>> {
+        let mut cache = self.redirects.lock().await;
+        if let Some(r) = cache.get(&pack) {
+            return Ok(r.clone());
+        }
+        let r = Arc::new(load_redirect(&*self.store, pack).await?);
+        cache.insert(pack, r.clone());
+        Ok(r)
+    }
+}
+
+/// Read and check the redirect of `pack`.
+pub(super) async fn load_redirect(store: &dyn SnapshotStore, pack: PackId) -> Result<Redirect> {
+    let key = pack.redirect_key();
+    let limit = super::pack::max_redirect_len();
+    let bytes = match store.get(&key).await {
+        Ok(s) => stream::collect(s, limit).await?,
+        Err(Error::NotFound { .. }) => {
+            return Err(Error::NotFound {
+                what: "snapshot pack (neither the pack nor a redirect)",
+                key: pack.key().to_string(),
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    Redirect::parse(&bytes, Some(pack)).map_err(|e| Error::from((key, e)))
 }
 
 /// Files of the manifest that the box's live workspace already holds with the same kind,
@@ -356,7 +625,7 @@ pub(super) async fn reusable(handle: &dyn BoxHandle, manifest: &Manifest) -> Vec
         .collect()
 }
 
-/// Assemble a tar stream from the manifest and verified blobs, validated like any archive.
+/// Assemble a tar stream from the manifest and verified chunks, validated like any archive.
 /// Files in `reuse` come from `live` (the box's own export of exactly those paths, in manifest
 /// order) and are checked against their manifest hash; a mismatch fails the stream, and the
 /// caller retries without reuse.
@@ -366,49 +635,17 @@ pub(super) fn restore_stream(
     reuse: HashSet<RelPath>,
     live: Option<ByteStream>,
 ) -> ByteStream {
-    let store = spec.store.clone();
+    let reader = Arc::new(PackReader::new(spec.store.clone(), Coalesce::default()));
     let concurrency = spec.restore_prefetch.max(1);
-    let fetches = plan_fetches(&manifest, &reuse);
-    // Fetches run ahead (up to `concurrency` at once); finished pieces wait in a short queue, so
-    // at most about `concurrency + 2` blobs are in memory.
+    let fetches = plan_fetches(&manifest, &reuse, reader.coalesce);
+    // Reads run ahead (up to `concurrency` at once, each at most `Coalesce::max_read` bytes or
+    // one piece); finished pieces wait in a short queue.
     let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(2);
     tokio::spawn(async move {
         let fetched = futures::stream::iter(fetches)
             .map(|f| {
-                let store = store.clone();
-                async move {
-                    let key = chunk_key(&f.hash)?;
-                    let limit = f
-                        .whole_len
-                        .map_or(MAX_BUNDLE, |l| usize::try_from(l).unwrap_or(usize::MAX));
-                    let data = stream::collect_sized(
-                        store.get(&key).await?,
-                        f.whole_len.map_or(1 << 20, |l| l as usize),
-                        limit,
-                    )
-                    .await?;
-                    if f.whole_len.is_some_and(|l| data.len() as u64 != l)
-                        || blake3::hash(&data).to_hex().as_str() != f.hash
-                    {
-                        return Err(Error::unsafe_archive(
-                            key.as_str(),
-                            "blob content differs from its hash",
-                        ));
-                    }
-                    f.slices
-                        .into_iter()
-                        .map(|(off, len)| {
-                            let end = off.checked_add(len).filter(|e| *e <= data.len() as u64);
-                            match end {
-                                Some(end) => Ok(data.slice(off as usize..end as usize)),
-                                None => Err(Error::unsafe_archive(
-                                    key.as_str(),
-                                    "slice outside its bundle",
-                                )),
-                            }
-                        })
-                        .collect::<Result<Vec<Bytes>>>()
-                }
+                let reader = reader.clone();
+                async move { reader.fetch(f).await }
             })
             .buffered(concurrency);
         let mut fetched = std::pin::pin!(fetched);

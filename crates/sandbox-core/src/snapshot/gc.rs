@@ -2,34 +2,50 @@
 //!
 //! Retention ([`retain`], run by the manager after a state save succeeded) keeps the newest
 //! `keep_last` manifests of one namespace and the one the saved state references, and deletes
-//! older manifests with their tar archives. It never touches chunks. Because it runs only after
-//! the save, a snapshot is retired only once its successor's manifest exists and a state points
-//! at it.
+//! older manifests with their tar archives. It never touches chunks or packs. Because it runs
+//! only after the save, a snapshot is retired only once its successor's manifest exists and a
+//! state points at it.
 //!
 //! [`gc`] is mark-and-sweep over the whole store with a grace period, safe while other keys
 //! are being snapshotted:
-//! 1. list every chunk (with its age) *first*;
+//! 1. list every chunk blob and every pack and redirect (with their ages) *first*;
 //! 2. apply retention to every namespace — never to a snapshot a stored state references
-//!    (states are listed) — then read every remaining manifest and mark the chunks they
-//!    reference;
+//!    (states are listed) — then read every remaining manifest and mark what it references;
 //! 3. list the manifests again, and again, marking every one not seen before, until none is
 //!    new: a snapshot that reused an old chunk of its parent, whose parent was then retired
 //!    before step 2 read it, is found this way (retirement follows the successor's manifest);
-//! 4. delete chunks that are unmarked *and* older than the grace period.
+//! 4. delete chunk blobs that are unmarked *and* older than the grace period;
+//! 5. resolve every marked pack location (through the redirect of a pack that is gone) and sum
+//!    each pack's live bytes; a pack older than the grace period with nothing live is deleted,
+//!    one whose live share is below [`GcOptions::repack_below`] is *repacked*: its live chunks
+//!    are copied (each checked against its hash) into a new pack, the redirects that pointed
+//!    into it are rewritten, its own redirect `packs/<aa>/<id>.moved` is written, and only then
+//!    is it deleted;
+//! 6. delete redirects that no marked location passes through and that are older than the
+//!    grace period.
 //!
-//! A snapshot in progress has uploaded chunks but not yet its manifest; its new chunks are
-//! younger than the grace period (the chunked format re-writes every chunk its parent did not
-//! have, refreshing its age), so they survive; the old chunks it reuses are marked through its
-//! parent or, once that is retired, through itself (step 3). The grace period must exceed the
-//! longest snapshot. Reference counting was rejected: it needs an atomic read-modify-write per
-//! chunk on every store (Redis, S3, a directory), turning one upload into several round trips,
-//! and a crash between the count and the write leaks or, worse, frees a live chunk.
+//! A snapshot in progress has uploaded packs but not yet its manifest; its packs are younger
+//! than the grace period (the chunked format writes every chunk its parent did not reference
+//! into a new pack), so they survive; the old chunks it reuses are marked through its parent
+//! or, once that is retired, through itself (step 3) — and if their pack is repacked meanwhile,
+//! the location it carries forward is found again through the redirect, which lives as long as
+//! a retained manifest names the old pack. The grace period must exceed the longest snapshot.
+//! Reference counting was rejected: it needs an atomic read-modify-write per chunk on every
+//! store (Redis, S3, a directory), turning one upload into several round trips, and a crash
+//! between the count and the write leaks or, worse, frees a live chunk. Runs of `gc` itself
+//! must not overlap (one collector per store).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use super::manifest::Manifest;
-use super::{BlobKey, SnapshotStore, SnapshotStoreExt as _};
+use bytes::Bytes;
+use futures::StreamExt as _;
+
+use super::manifest::{ChunkLocation, Manifest};
+use super::pack::{
+    Coalesce, MAX_REDIRECT_DEPTH, PackBlob, PackId, Piece, RangeRead, Redirect, RedirectEntry,
+};
+use super::{BlobKey, BlobMeta, SnapshotStore, SnapshotStoreExt as _};
 use crate::archive::ArchivePolicy;
 use crate::error::{Error, Result};
 use crate::state_store::StateStore;
@@ -45,6 +61,9 @@ pub struct GcOptions {
     pub grace: Duration,
     /// Report what would be deleted without deleting.
     pub dry_run: bool,
+    /// A pack older than the grace period whose live bytes are below this percentage of its
+    /// size is repacked. `0` never repacks. Default 50.
+    pub repack_below: u8,
 }
 
 impl Default for GcOptions {
@@ -53,6 +72,7 @@ impl Default for GcOptions {
             keep_last: 5,
             grace: super::DEFAULT_GC_GRACE,
             dry_run: false,
+            repack_below: 50,
         }
     }
 }
@@ -75,6 +95,12 @@ impl GcOptions {
         self.dry_run = dry_run;
         self
     }
+
+    /// Repack packs whose live share is below `percent` (0 never repacks; at most 100).
+    pub fn repack_below(mut self, percent: u8) -> Self {
+        self.repack_below = percent.min(100);
+        self
+    }
 }
 
 /// What [`gc`] did (or would do, in a dry run).
@@ -91,6 +117,23 @@ pub struct GcReport {
     pub chunks_live: usize,
     /// Unreferenced chunks kept because they are younger than the grace period.
     pub chunks_in_grace: usize,
+    /// Packs with live chunks, kept as they are.
+    pub packs_live: usize,
+    /// Packs kept because they are younger than the grace period.
+    pub packs_in_grace: usize,
+    /// Packs deleted with nothing live in them.
+    pub packs_deleted: usize,
+    /// Packs whose live chunks were copied to a new pack before they were deleted.
+    pub packs_repacked: usize,
+    /// Bytes of deleted and repacked packs, less what the repacks wrote.
+    pub pack_bytes_freed: u64,
+    /// Redirects some retained manifest still needs.
+    pub redirects_live: usize,
+    /// Redirects deleted.
+    pub redirects_deleted: usize,
+    /// Referenced pack locations found nowhere (neither the pack nor a redirect holds them):
+    /// snapshots that will not restore. Logged at warn.
+    pub locations_missing: usize,
 }
 
 /// Manifest keys by namespace, oldest first (ids are UUIDv7, so key order is time order).
@@ -181,12 +224,21 @@ async fn state_pins(states: &dyn StateStore) -> Result<(HashSet<String>, HashSet
     Ok((manifests, namespaces))
 }
 
-/// Read `key` and mark its chunks live. `false` if it is gone (retired meanwhile).
+/// What retained manifests reference.
+#[derive(Default)]
+struct Marks {
+    /// Chunk and bundle blobs (manifest version 1), by hash.
+    blobs: HashSet<String>,
+    /// Pack pieces: per pack named by a manifest, (offset, len, hash).
+    pieces: HashMap<PackId, HashSet<(u64, u64, String)>>,
+}
+
+/// Read `key` and mark what it references. `false` if it is gone (retired meanwhile).
 async fn mark(
     store: &dyn SnapshotStore,
     policy: &ArchivePolicy,
     key: &BlobKey,
-    live: &mut HashSet<String>,
+    live: &mut Marks,
 ) -> Result<bool> {
     let bytes = match store.get(key).await {
         Ok(s) => stream::collect(s, 1 << 30).await?,
@@ -198,8 +250,18 @@ async fn mark(
         key: key.to_string(),
         reason: format!("unreadable manifest, not sweeping chunks: {e}"),
     })?;
-    for entry in &manifest.entries {
-        live.extend(entry.chunks.iter().map(|c| c.hash.clone()));
+    for c in manifest.entries.iter().flat_map(|e| e.chunks.iter()) {
+        match c.location {
+            ChunkLocation::Blob | ChunkLocation::Bundle { .. } => {
+                live.blobs.insert(c.hash.clone());
+            }
+            ChunkLocation::Pack { pack, offset } => {
+                live.pieces
+                    .entry(pack)
+                    .or_default()
+                    .insert((offset, c.len, c.hash.clone()));
+            }
+        }
     }
     Ok(true)
 }
@@ -213,11 +275,12 @@ pub async fn gc(
     states: &dyn StateStore,
 ) -> Result<GcReport> {
     let mut report = GcReport::default();
-    // 1. Chunks first: anything uploaded after this listing is not a candidate.
+    // 1. Chunks and packs first: anything uploaded after this listing is not a candidate.
     let chunks = store.list_all("chunks/").await?;
+    let packed = store.list_all("packs/").await?;
     // 2. Retention, then mark.
     let (pinned, pinned_namespaces) = state_pins(states).await?;
-    let mut live: HashSet<String> = HashSet::new();
+    let mut live = Marks::default();
     let mut seen: HashSet<BlobKey> = HashSet::new();
     for (ns, keys) in &manifests(store).await? {
         let doomed: HashSet<&BlobKey> = if pinned_namespaces.contains(ns) {
@@ -264,7 +327,7 @@ pub async fn gc(
     let cutoff = now - options.grace.as_secs() as i64;
     for chunk in chunks {
         let hash = chunk.key.as_str().rsplit('/').next().unwrap_or_default();
-        if live.contains(hash) {
+        if live.blobs.contains(hash) {
             report.chunks_live += 1;
         } else if chunk.modified_unix.is_none_or(|m| m > cutoff) {
             report.chunks_in_grace += 1;
@@ -276,5 +339,284 @@ pub async fn gc(
             report.chunk_bytes_freed += chunk.size;
         }
     }
+    // 5 and 6. Packs and redirects.
+    let old = |m: &BlobMeta| m.modified_unix.is_some_and(|t| t <= cutoff);
+    // Packs written since the first listing (by snapshots taken meanwhile) hold pieces too:
+    // listed again to resolve locations, never candidates.
+    let now_listed = store.list_all("packs/").await?;
+    sweep_packs(
+        store,
+        packed,
+        now_listed,
+        live.pieces,
+        &old,
+        options,
+        &mut report,
+    )
+    .await?;
     Ok(report)
+}
+
+/// Where a marked piece is now: its pack, or where redirects lead (recording each redirect
+/// passed through). `None` if nothing holds it.
+fn resolve(
+    mut pack: PackId,
+    mut offset: u64,
+    len: u64,
+    hash: &str,
+    packs: &HashSet<PackId>,
+    redirects: &HashMap<PackId, Redirect>,
+    used: &mut HashSet<PackId>,
+) -> Option<(PackId, u64)> {
+    for _ in 0..=MAX_REDIRECT_DEPTH {
+        if packs.contains(&pack) {
+            return Some((pack, offset));
+        }
+        let entry = redirects.get(&pack)?.find(hash).filter(|e| e.len == len)?;
+        used.insert(pack);
+        pack = entry.pack;
+        offset = entry.offset;
+    }
+    None
+}
+
+async fn sweep_packs(
+    store: &dyn SnapshotStore,
+    listed: Vec<BlobMeta>,
+    relisted: Vec<BlobMeta>,
+    marked: HashMap<PackId, HashSet<(u64, u64, String)>>,
+    old: &(dyn Fn(&BlobMeta) -> bool + Sync),
+    options: GcOptions,
+    report: &mut GcReport,
+) -> Result<()> {
+    let mut packs: HashMap<PackId, BlobMeta> = HashMap::new();
+    let mut redirect_blobs: HashMap<PackId, BlobMeta> = HashMap::new();
+    for blob in listed {
+        match PackBlob::of_key(blob.key.as_str()) {
+            Some(PackBlob::Pack(id)) => {
+                packs.insert(id, blob);
+            }
+            Some(PackBlob::Redirect(id)) => {
+                redirect_blobs.insert(id, blob);
+            }
+            None => {}
+        }
+    }
+    let mut existing: HashSet<PackId> = packs.keys().copied().collect();
+    existing.extend(
+        relisted
+            .iter()
+            .filter_map(|b| match PackBlob::of_key(b.key.as_str()) {
+                Some(PackBlob::Pack(id)) => Some(id),
+                _ => None,
+            }),
+    );
+    let mut redirects: HashMap<PackId, Redirect> = HashMap::new();
+    for id in redirect_blobs.keys() {
+        match super::chunked::load_redirect(store, *id).await {
+            Ok(r) => {
+                redirects.insert(*id, r);
+            }
+            Err(Error::NotFound { .. }) => {}
+            // A redirect we cannot read may be what a snapshot needs: refuse to sweep packs.
+            Err(e) => {
+                return Err(Error::Conflict {
+                    key: id.redirect_key().to_string(),
+                    reason: format!("unreadable redirect, not sweeping packs: {e}"),
+                });
+            }
+        }
+    }
+    // Live pieces per existing pack, by hash (one copy each), and the redirects in use.
+    let mut live: HashMap<PackId, BTreeMap<(u64, u64), String>> = HashMap::new();
+    let mut used: HashSet<PackId> = HashSet::new();
+    for (pack, pieces) in marked {
+        for (offset, len, hash) in pieces {
+            match resolve(pack, offset, len, &hash, &existing, &redirects, &mut used) {
+                Some((at, off)) => {
+                    live.entry(at).or_default().insert((off, len), hash);
+                }
+                None => {
+                    report.locations_missing += 1;
+                    tracing::warn!(pack = %pack, offset, len, "a retained snapshot references a chunk no pack or redirect holds");
+                }
+            }
+        }
+    }
+    let mut ids: Vec<PackId> = packs.keys().copied().collect();
+    ids.sort();
+    for id in ids {
+        let meta = &packs[&id];
+        let pieces = live.remove(&id).unwrap_or_default();
+        let live_bytes: u64 = pieces.keys().map(|(_, len)| len).sum();
+        if !old(meta) {
+            report.packs_in_grace += 1;
+        } else if pieces.is_empty() {
+            if !options.dry_run {
+                store.delete(&meta.key).await?;
+            }
+            report.packs_deleted += 1;
+            report.pack_bytes_freed += meta.size;
+        } else if u128::from(live_bytes) * 100
+            < u128::from(meta.size) * u128::from(options.repack_below)
+        {
+            if !options.dry_run {
+                match repack(store, id, &pieces, &mut redirects).await {
+                    Ok(()) => {}
+                    // A damaged pack is left as it is (its snapshots fail their restore loudly).
+                    Err(e @ Error::UnsafeArchive { .. }) => {
+                        tracing::warn!(pack = %id, error = %e, "not repacking a damaged pack");
+                        report.packs_live += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            report.packs_repacked += 1;
+            report.pack_bytes_freed += meta.size.saturating_sub(live_bytes);
+        } else {
+            report.packs_live += 1;
+        }
+    }
+    for (id, meta) in redirect_blobs {
+        if used.contains(&id) || !old(&meta) {
+            report.redirects_live += 1;
+        } else {
+            if !options.dry_run {
+                store.delete(&meta.key).await?;
+            }
+            report.redirects_deleted += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Read `reads` of pack `from`, check every piece against its hash and send it on `tx` (the
+/// new pack `to`'s upload); returns the pieces' new locations.
+async fn copy_pieces(
+    store: &dyn SnapshotStore,
+    from: PackId,
+    to: PackId,
+    reads: Vec<RangeRead>,
+    tx: &tokio::sync::mpsc::Sender<Result<Bytes>>,
+) -> Result<Vec<RedirectEntry>> {
+    let mut moved: Vec<RedirectEntry> = Vec::new();
+    let mut at = 0u64;
+    let source = from.key();
+    for read in reads {
+        let len = usize::try_from(read.len).unwrap_or(usize::MAX);
+        let data = stream::collect_sized(
+            store.get_range(&source, read.offset, read.len).await?,
+            len,
+            len,
+        )
+        .await?;
+        if data.len() != len {
+            return Err(Error::unsafe_archive(
+                source.as_str(),
+                "the pack ends before its live chunks",
+            ));
+        }
+        for p in read.pieces {
+            let start = (p.offset - read.offset) as usize;
+            let bytes = data.slice(start..start + p.len as usize);
+            let hash = blake3::hash(&bytes);
+            if hash.to_hex().as_str() != p.hash {
+                return Err(Error::unsafe_archive(
+                    source.as_str(),
+                    format!("chunk at {} differs from its hash: not repacking", p.offset),
+                ));
+            }
+            moved.push(RedirectEntry {
+                hash: *hash.as_bytes(),
+                pack: to,
+                offset: at,
+                len: p.len,
+            });
+            at += p.len;
+            if tx.send(Ok(bytes)).await.is_err() {
+                return Err(Error::backend("core", "repack", "pack upload stopped"));
+            }
+        }
+    }
+    Ok(moved)
+}
+
+/// Copy the live `pieces` of pack `from` (offset, len → hash) into a new pack, checking each
+/// against its hash; point every redirect that led into `from` at the copies; write `from`'s
+/// redirect; then delete `from`. Any failure before the delete leaves `from` as it was.
+async fn repack(
+    store: &dyn SnapshotStore,
+    from: PackId,
+    pieces: &BTreeMap<(u64, u64), String>,
+    redirects: &mut HashMap<PackId, Redirect>,
+) -> Result<()> {
+    let to = PackId::generate();
+    let coalesce = Coalesce {
+        max_gap: 1 << 20,
+        max_read: 8 << 20,
+    };
+    let mut reads: Vec<RangeRead> = Vec::new();
+    let mut seen = HashSet::new();
+    for ((offset, len), hash) in pieces {
+        if seen.insert(hash.clone()) {
+            let piece = Piece {
+                hash: hash.clone(),
+                offset: *offset,
+                len: *len,
+            };
+            coalesce.push(&mut reads, from, piece);
+        }
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(4);
+    let key = to.key();
+    let put = {
+        let data = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed();
+        store.put(&key, data, None)
+    };
+    let copy = async move {
+        let r = copy_pieces(store, from, to, reads, &tx).await;
+        if let Err(e) = &r {
+            // Fail the upload too: no partial pack is stored.
+            let _ = tx
+                .send(Err(Error::backend("core", "repack", e.to_string())))
+                .await;
+        }
+        r
+    };
+    let (moved, put) = tokio::join!(copy, put);
+    let moved = moved?;
+    put?;
+    let redirect = Redirect::new(from, moved).map_err(|e| Error::from((from.redirect_key(), e)))?;
+    // Redirects that led into `from` now lead to the copy (chains stay one step long).
+    for (id, r) in redirects.iter_mut() {
+        if !r.entries().iter().any(|e| e.pack == from) {
+            continue;
+        }
+        let entries: Vec<RedirectEntry> = r
+            .entries()
+            .iter()
+            .filter_map(|e| {
+                if e.pack != from {
+                    return Some(*e);
+                }
+                redirect
+                    .find(&hex::encode(e.hash))
+                    .map(|n| RedirectEntry { hash: e.hash, ..*n })
+            })
+            .collect();
+        let rewritten =
+            Redirect::new(*id, entries).map_err(|e| Error::from((id.redirect_key(), e)))?;
+        store
+            .put_bytes(&id.redirect_key(), rewritten.to_bytes().into())
+            .await?;
+        *r = rewritten;
+    }
+    store
+        .put_bytes(&from.redirect_key(), redirect.to_bytes().into())
+        .await?;
+    redirects.insert(from, redirect);
+    store.delete(&from.key()).await?;
+    tracing::info!(from = %from, to = %to, "repacked a pack");
+    Ok(())
 }

@@ -16,9 +16,11 @@ use crate::backend::{EntryType, TreeEntry};
 use crate::error::{Error, Result};
 use crate::path::RelPath;
 use crate::snapshot::SnapshotFormat;
+use crate::snapshot::pack::{MAX_PIECE_LEN, PackId};
 
-/// Manifest format version written by this binary.
-pub const MANIFEST_VERSION: u32 = 1;
+/// Manifest format version written by this binary: 2 (chunks in packs). Version 1 (chunk and
+/// bundle blobs) is still read, and its references may be carried into version 2 manifests.
+pub const MANIFEST_VERSION: u32 = 2;
 
 /// Longest accepted manifest line.
 const MAX_LINE: usize = 1 << 20;
@@ -55,17 +57,37 @@ pub struct ArchiveInfo {
     pub size: u64,
 }
 
-/// One piece of a file in the chunked format: a whole chunk blob, or a slice of a bundle blob
-/// (small files are packed together into bundles so that a tree of tiny files is not a tree of
-/// tiny blobs). In JSON: `[hash, len]` or `[hash, len, offset]`.
+/// Where the bytes of one [`ChunkRef`] are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChunkLocation {
+    /// A blob of its own, `chunks/<aa>/<hash>` (written by manifest version 1).
+    Blob,
+    /// A slice at `offset` of the small-file bundle `chunks/<aa>/<hash>`, where `hash` is the
+    /// bundle's (written by manifest version 1).
+    Bundle {
+        /// Offset in the bundle.
+        offset: u64,
+    },
+    /// Bytes `offset..offset + len` of a pack (manifest version 2); `hash` is the chunk's own.
+    Pack {
+        /// The pack.
+        pack: PackId,
+        /// Offset in the pack.
+        offset: u64,
+    },
+}
+
+/// One piece of a file in the chunked format: a chunk in a pack (version 2), or, in snapshots
+/// written before packs, a whole chunk blob or a slice of a bundle blob. In JSON: `[hash, len,
+/// pack, offset]`, `[hash, len]` or `[hash, len, offset]`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ChunkRef {
-    /// BLAKE3 (hex) of the blob.
+    /// BLAKE3 (hex) of the chunk (of the bundle, for [`ChunkLocation::Bundle`]).
     pub hash: String,
     /// Bytes of this piece.
     pub len: u64,
-    /// Offset in the blob when the blob is a bundle.
-    pub offset: Option<u64>,
+    /// Where its bytes are.
+    pub location: ChunkLocation,
 }
 
 impl ChunkRef {
@@ -74,7 +96,7 @@ impl ChunkRef {
         ChunkRef {
             hash,
             len,
-            offset: None,
+            location: ChunkLocation::Blob,
         }
     }
 
@@ -83,7 +105,16 @@ impl ChunkRef {
         ChunkRef {
             hash,
             len,
-            offset: Some(offset),
+            location: ChunkLocation::Bundle { offset },
+        }
+    }
+
+    /// A chunk in a pack.
+    pub fn packed(hash: String, len: u64, pack: PackId, offset: u64) -> Self {
+        ChunkRef {
+            hash,
+            len,
+            location: ChunkLocation::Pack { pack, offset },
         }
     }
 }
@@ -93,13 +124,19 @@ impl ChunkRef {
 enum ChunkRepr {
     Whole(String, u64),
     Slice(String, u64, u64),
+    Packed(String, u64, PackId, u64),
 }
 
 impl Serialize for ChunkRef {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        match self.offset {
-            None => ChunkRepr::Whole(self.hash.clone(), self.len),
-            Some(o) => ChunkRepr::Slice(self.hash.clone(), self.len, o),
+        match self.location {
+            ChunkLocation::Blob => ChunkRepr::Whole(self.hash.clone(), self.len),
+            ChunkLocation::Bundle { offset } => {
+                ChunkRepr::Slice(self.hash.clone(), self.len, offset)
+            }
+            ChunkLocation::Pack { pack, offset } => {
+                ChunkRepr::Packed(self.hash.clone(), self.len, pack, offset)
+            }
         }
         .serialize(s)
     }
@@ -110,6 +147,7 @@ impl<'de> Deserialize<'de> for ChunkRef {
         Ok(match ChunkRepr::deserialize(d)? {
             ChunkRepr::Whole(hash, len) => ChunkRef::whole(hash, len),
             ChunkRepr::Slice(hash, len, offset) => ChunkRef::slice(hash, len, offset),
+            ChunkRepr::Packed(hash, len, pack, offset) => ChunkRef::packed(hash, len, pack, offset),
         })
     }
 }
@@ -254,9 +292,16 @@ impl Manifest {
                         entry.path
                     )));
                 }
-                if entry.chunks.iter().any(|c| !is_hex_hash(&c.hash))
+                if entry
+                    .chunks
+                    .iter()
+                    .any(|c| !is_hex_hash(&c.hash) || !c.len_in_bounds())
                     || (!entry.chunks.is_empty()
-                        && entry.chunks.iter().map(|c| c.len).sum::<u64>() != entry.size)
+                        && entry
+                            .chunks
+                            .iter()
+                            .try_fold(0u64, |n, c| n.checked_add(c.len))
+                            != Some(entry.size))
                 {
                     return Err(bad(format!(
                         "file `{}` has inconsistent chunks",
@@ -289,6 +334,18 @@ impl Manifest {
     /// Entries by path.
     pub fn index(&self) -> HashMap<&RelPath, &ManifestEntry> {
         self.entries.iter().map(|e| (&e.path, e)).collect()
+    }
+}
+
+impl ChunkRef {
+    /// A packed piece is 1..=[`MAX_PIECE_LEN`] bytes and its end does not overflow.
+    fn len_in_bounds(&self) -> bool {
+        match self.location {
+            ChunkLocation::Pack { offset, .. } => {
+                self.len > 0 && self.len <= MAX_PIECE_LEN && offset.checked_add(self.len).is_some()
+            }
+            ChunkLocation::Blob | ChunkLocation::Bundle { .. } => true,
+        }
     }
 }
 
@@ -355,6 +412,44 @@ mod tests {
         let bytes = m.to_bytes();
         let back = Manifest::read_from(&bytes[..], &ArchivePolicy::default()).unwrap();
         assert_eq!(back, m);
+    }
+
+    #[test]
+    fn chunk_locations_round_trip_and_old_versions_parse() {
+        let pack = PackId::generate();
+        let h = blake3::hash(b"abc").to_hex().to_string();
+        let mut e = entry("f", EntryType::File);
+        e.chunks = vec![ChunkRef::packed(h.clone(), 3, pack, 7)];
+        let mut old = entry("g", EntryType::File);
+        old.chunks = vec![ChunkRef::slice(h.clone(), 3, 9)];
+        let mut whole = entry("h", EntryType::File);
+        whole.chunks = vec![ChunkRef::whole(h.clone(), 3)];
+        let m = manifest(vec![e, old, whole]);
+        let bytes = m.to_bytes();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(
+            text.contains(&format!("[\"{h}\",3,\"{pack}\",7]")),
+            "{text}"
+        );
+        assert!(text.contains(&format!("[\"{h}\",3,9]")), "{text}");
+        assert_eq!(
+            Manifest::read_from(&bytes[..], &ArchivePolicy::default()).unwrap(),
+            m
+        );
+        // Hostile pack references: a bad id, an empty or oversized piece, an overflowing end.
+        for bad in [
+            format!("[\"{h}\",3,\"{}\",7]", "X".repeat(32)),
+            format!("[\"{h}\",3,\"{pack}\",-1]"),
+            format!("[\"{h}\",0,\"{pack}\",7]"),
+            format!("[\"{h}\",{},\"{pack}\",7]", MAX_PIECE_LEN + 1),
+            format!("[\"{h}\",3,\"{pack}\",{}]", u64::MAX - 1),
+        ] {
+            let t = text.replace(&format!("[\"{h}\",3,\"{pack}\",7]"), &bad);
+            assert!(
+                Manifest::read_from(t.as_bytes(), &ArchivePolicy::default()).is_err(),
+                "{bad} accepted"
+            );
+        }
     }
 
     #[test]

@@ -29,6 +29,7 @@
 mod chunked;
 mod gc;
 mod manifest;
+pub mod pack;
 mod store;
 mod tar_format;
 
@@ -39,7 +40,10 @@ use serde::{Deserialize, Serialize};
 
 pub(crate) use gc::retain;
 pub use gc::{GcOptions, GcReport, gc};
-pub use manifest::{ArchiveInfo, ChunkRef, Header, MANIFEST_VERSION, Manifest, ManifestEntry};
+pub use manifest::{
+    ArchiveInfo, ChunkLocation, ChunkRef, Header, MANIFEST_VERSION, Manifest, ManifestEntry,
+};
+pub use pack::PackId;
 pub use store::{
     BlobKey, BlobMeta, BlobStream, LocalDirSnapshotStore, NoopSnapshotStore, SnapshotStore,
     SnapshotStoreExt,
@@ -133,7 +137,14 @@ pub struct SnapshotSpec {
     /// glibc's per-thread arenas, about as much again): the default 2 keeps a restore of a
     /// 1 GiB workspace near 50 MiB RSS; raise it for stores with high latency. Default 2.
     pub restore_prefetch: usize,
+    /// Target size of a pack in the chunked format: a pack is sealed once it holds this many
+    /// bytes (or [`pack::MAX_PACK_CHUNKS`] chunks). Default [`DEFAULT_PACK_SIZE`].
+    pub pack_size: u64,
 }
+
+/// Default [`SnapshotSpec::pack_size`]: 16 MiB — a full snapshot is a few uploads, and the last
+/// pack's flush (the part of the upload no chunking overlaps) stays short.
+pub const DEFAULT_PACK_SIZE: u64 = 16 << 20;
 
 impl Default for SnapshotSpec {
     fn default() -> Self {
@@ -152,6 +163,7 @@ impl SnapshotSpec {
             chunking: Chunking::default(),
             concurrency: 8,
             restore_prefetch: 2,
+            pack_size: DEFAULT_PACK_SIZE,
         }
     }
 
@@ -187,6 +199,12 @@ impl SnapshotSpec {
     /// Set how many chunks a restore fetches ahead.
     pub fn restore_prefetch(mut self, n: usize) -> Self {
         self.restore_prefetch = n.max(1);
+        self
+    }
+
+    /// Set the pack target size (chunked format).
+    pub fn pack_size(mut self, bytes: u64) -> Self {
+        self.pack_size = bytes.max(1);
         self
     }
 

@@ -553,7 +553,9 @@ pub async fn faults_retention_after_failed_saves(fx: &dyn Fixture) {
 }
 
 /// A chunked snapshot taken while GC runs reuses chunks of a parent that its retention retires
-/// before GC reads it: GC must still not sweep them.
+/// before GC reads it: GC must still not sweep them — and when it repacks their pack (most of it
+/// died with the parent), the location the snapshot carried forward still restores, through
+/// the pack's redirect.
 pub async fn faults_gc_interleaving(fx: &dyn Fixture) {
     let env = Env::of(fx).await;
     let m = env.manager(
@@ -570,7 +572,7 @@ pub async fn faults_gc_interleaving(fx: &dyn Fixture) {
     m.call(&ctx, |sb| async move {
         sh(
             &sb,
-            "head -c 2000000 /dev/urandom > data.bin; echo v1 > v.txt",
+            "head -c 2000000 /dev/urandom > data.bin; head -c 3000000 /dev/urandom > w.bin; echo v1 > v.txt",
         )
         .await;
     })
@@ -606,12 +608,18 @@ pub async fn faults_gc_interleaving(fx: &dyn Fixture) {
         .await
         .expect("gc paused");
     // Meanwhile: a snapshot reusing data.bin's chunks; its retention retires the parent.
-    m.call(&ctx, |sb| async move { sh(&sb, "echo v2 > v.txt").await })
-        .await
-        .expect("call");
+    m.call(&ctx, |sb| async move {
+        sh(&sb, "head -c 3000000 /dev/urandom > w.bin; echo v2 > v.txt").await
+    })
+    .await
+    .expect("call");
     script.release();
     let report = gc.await.expect("join").expect("gc");
-    assert!(report.chunks_live > 0, "{report:?}");
+    assert_eq!(report.locations_missing, 0, "{report:?}");
+    assert_eq!(
+        report.packs_repacked, 1,
+        "data.bin is 40 % of the first pack: {report:?}"
+    );
     let stored = env.states.load(&key).await.expect("load").expect("state");
     fx.lose_box(&*crate::state::state_from_json(&stored).expect("state"))
         .await;

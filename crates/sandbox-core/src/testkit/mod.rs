@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use stores::FailingStore;
+pub use stores::{CountingStore, FailingStore, StoreCounts};
 
 use crate::backend::{Persistence, SandboxClient};
 use crate::error::Error;
@@ -1244,11 +1244,7 @@ pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
         .iter()
         .find(|e| e.path.as_str() == "small.txt")
         .expect("entry");
-    let chunk = crate::snapshot::chunk_key(&small.chunks[0].hash).expect("key");
-    env.snapshots
-        .put(&chunk, stream::once("tampered\n"), None)
-        .await
-        .expect("tamper");
+    tamper_chunk(&*env.snapshots, &small.chunks[0]).await;
     let err = r2
         .call(&ctx, |_| async {})
         .await
@@ -1265,6 +1261,30 @@ pub async fn chunked_incremental_across_replicas(fx: &dyn Fixture) {
         "small\n",
     )
     .await;
+}
+
+/// Flip one byte of the stored chunk `chunk` refers to, wherever it is (inside a pack, or a
+/// chunk blob of an older snapshot).
+pub async fn tamper_chunk(store: &dyn SnapshotStore, chunk: &crate::snapshot::ChunkRef) {
+    let (key, at) = match chunk.location {
+        crate::snapshot::ChunkLocation::Pack { pack, offset } => (pack.key(), offset),
+        crate::snapshot::ChunkLocation::Bundle { offset } => (
+            crate::snapshot::chunk_key(&chunk.hash).expect("key"),
+            offset,
+        ),
+        crate::snapshot::ChunkLocation::Blob => {
+            (crate::snapshot::chunk_key(&chunk.hash).expect("key"), 0)
+        }
+    };
+    let mut bytes = stream::collect(store.get(&key).await.expect("get"), 1 << 30)
+        .await
+        .expect("read")
+        .to_vec();
+    bytes[at as usize] ^= 0x20;
+    store
+        .put(&key, stream::once(bytes), None)
+        .await
+        .expect("tamper");
 }
 
 /// Restoring a chunked snapshot into a box whose workspace still holds some of its files reads
@@ -1339,9 +1359,11 @@ pub async fn chunked_restore_reuses_live_files(fx: &dyn Fixture) {
     cleanup(&m, &ctx).await;
 }
 
-/// Retention keeps the newest snapshots per key; GC sweeps chunks only old snapshots used,
-/// never one a kept snapshot needs or one younger than the grace period, and every kept
-/// snapshot still restores afterwards.
+/// Retention keeps the newest snapshots per key; GC deletes packs only old snapshots used,
+/// repacks a pack that is mostly dead (its live chunks then restore through its redirect),
+/// never touches one a kept snapshot needs whole or one younger than the grace period, and
+/// every kept snapshot still restores afterwards; redirect chains stay one step long, and a
+/// redirect goes once no location passes through it.
 pub async fn retention_and_gc(fx: &dyn Fixture) {
     let env = Env::of(fx).await;
     let spec_of = |env: &Env| {
@@ -1357,16 +1379,29 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
     );
     let (dave, erin) = (env.ctx().user("dave"), env.ctx().user("erin"));
     let mut states = Vec::new();
-    for v in 0..3 {
-        let r = call(&m, &dave, |sb| async move {
-            sh(
-                &sb,
-                &format!("head -c 300000 /dev/urandom > data.bin; echo v{v} > v.txt"),
-            )
-            .await;
-        })
-        .await;
-        states.push(r.state_json.expect("state"));
+    let mut keep_sum = String::new();
+    for v in 0..4 {
+        let r = m
+            .call(&dave, |sb| async move {
+                // keep.bin is written once and carried by every later snapshot: a quarter of
+                // the first pack, which is otherwise dead once the first snapshot is retired.
+                let keep = if v == 0 {
+                    "head -c 100000 /dev/urandom > keep.bin; "
+                } else {
+                    ""
+                };
+                sh(
+                    &sb,
+                    &format!(
+                        "{keep}head -c 300000 /dev/urandom > data.bin; echo v{v} > v.txt; md5sum keep.bin"
+                    ),
+                )
+                .await
+            })
+            .await
+            .expect("call");
+        keep_sum = r.value;
+        states.push(r.report.state_json.expect("state"));
     }
     call(&m, &erin, |sb| async move {
         sh(&sb, "head -c 200000 /dev/urandom > erin.bin").await;
@@ -1383,56 +1418,58 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
     );
 
     let policy = crate::archive::ArchivePolicy::default();
-    let kept = crate::snapshot::gc(
-        &*env.snapshots,
-        &policy,
-        crate::snapshot::GcOptions::default(),
-        &*env.states,
-    )
-    .await
-    .expect("gc");
+    let gc = |options: crate::snapshot::GcOptions| {
+        let (store, states) = (env.snapshots.clone(), env.states.clone());
+        async move {
+            crate::snapshot::gc(&*store, &policy, options, &*states)
+                .await
+                .expect("gc")
+        }
+    };
+    let kept = gc(crate::snapshot::GcOptions::default()).await;
     assert_eq!(
-        kept.chunks_deleted, 0,
+        (kept.packs_deleted, kept.packs_repacked, kept.chunks_deleted),
+        (0, 0, 0),
         "everything is inside the default grace period: {kept:?}"
     );
-    let dry = crate::snapshot::gc(
-        &*env.snapshots,
-        &policy,
-        crate::snapshot::GcOptions::default()
-            .grace(Duration::ZERO)
-            .dry_run(true),
-        &*env.states,
-    )
-    .await
-    .expect("gc");
-    assert!(dry.chunks_deleted > 0, "{dry:?}");
-    let before = env.snapshots.list_all("chunks/").await.expect("list").len();
-    let swept = crate::snapshot::gc(
-        &*env.snapshots,
-        &policy,
-        crate::snapshot::GcOptions::default()
-            .keep_last(2)
-            .grace(Duration::ZERO),
-        &*env.states,
-    )
-    .await
-    .expect("gc");
+    let now = crate::snapshot::GcOptions::default().grace(Duration::ZERO);
+    let dry = gc(now.dry_run(true)).await;
     assert_eq!(
-        swept.chunks_deleted, dry.chunks_deleted,
+        (dry.packs_deleted, dry.packs_repacked),
+        (1, 1),
+        "the second snapshot's pack is dead, the first one's mostly: {dry:?}"
+    );
+    let packs_before = env.snapshots.list_all("packs/").await.expect("list");
+    let swept = gc(now.keep_last(2)).await;
+    assert_eq!(
+        (swept.packs_deleted, swept.packs_repacked),
+        (dry.packs_deleted, dry.packs_repacked),
         "the dry run predicted the sweep"
     );
+    assert_eq!(swept.locations_missing, 0, "{swept:?}");
+    let packs_after = env.snapshots.list_all("packs/").await.expect("list");
+    let redirects = |blobs: &[crate::snapshot::BlobMeta]| {
+        blobs
+            .iter()
+            .filter(|b| b.key.as_str().ends_with(".moved"))
+            .count()
+    };
     assert_eq!(
-        env.snapshots.list_all("chunks/").await.expect("list").len(),
-        before - swept.chunks_deleted
+        (packs_after.len(), redirects(&packs_after)),
+        (packs_before.len() - 2 + 2, 1),
+        "two packs gone, the repacked one's copy and redirect added"
     );
-    assert!(swept.chunks_live > 0);
+    assert!(swept.packs_live > 0);
 
-    // Every kept snapshot still restores, verified.
-    call(&m, &dave, |sb| async move {
-        assert_eq!(read(&sb, "v.txt").await.as_deref(), Some("v2\n"));
-    })
-    .await;
-    checkpoint_holds(&m, &dave, Some(&states[1]), "v.txt", "v1\n").await;
+    // Every kept snapshot still restores, verified: keep.bin through the redirect.
+    let latest = m
+        .call(&dave, |sb| async move {
+            (read(&sb, "v.txt").await, sh(&sb, "md5sum keep.bin").await)
+        })
+        .await
+        .expect("restore");
+    assert_eq!(latest.value, (Some("v3\n".to_owned()), keep_sum.clone()));
+    checkpoint_holds(&m, &dave, Some(&states[2]), "v.txt", "v2\n").await;
     call(&m, &erin, |sb| async move {
         assert!(read(&sb, "erin.bin").await.is_some());
     })
@@ -1447,6 +1484,73 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
         matches!(err.error, Error::RestoreIncomplete { .. }),
         "{err}"
     );
+    // A damaged redirect fails the restore loudly, and nothing is lost once it is back.
+    let moved = packs_after
+        .iter()
+        .find(|b| b.key.as_str().ends_with(".moved"))
+        .expect("redirect")
+        .key
+        .clone();
+    let good = stream::collect(env.snapshots.get(&moved).await.expect("get"), 1 << 20)
+        .await
+        .expect("read");
+    let mut bad = good.to_vec();
+    let last = bad.len() - 40;
+    bad[last] ^= 1;
+    env.snapshots
+        .put(&moved, stream::once(bad), None)
+        .await
+        .expect("tamper");
+    let err = m
+        .call(&dave, |_| async {})
+        .await
+        .expect_err("damaged redirect");
+    assert!(
+        matches!(err.error, Error::RestoreIncomplete { .. }),
+        "{err}"
+    );
+    env.snapshots
+        .put(&moved, stream::once(good), None)
+        .await
+        .expect("repair");
+    // The redirect lives while a kept snapshot names the repacked pack, and goes after.
+    let again = gc(now.keep_last(2)).await;
+    assert_eq!(
+        (again.redirects_live, again.redirects_deleted),
+        (1, 0),
+        "{again:?}"
+    );
+    for v in 4..6 {
+        call(&m, &dave, |sb| async move {
+            sh(&sb, &format!("rm -f keep.bin; echo v{v} > v.txt")).await;
+        })
+        .await;
+    }
+    // Without keep.bin, the repacked copy is mostly dead too (the workspace's small spec
+    // files are still carried from the first snapshot): repacked again. The first pack's
+    // redirect is rewritten to the newest copy, so the copy's own redirect is needed by nobody
+    // and goes in the next run.
+    let last = gc(now.keep_last(2)).await;
+    assert_eq!(
+        (last.packs_repacked, last.locations_missing),
+        (1, 0),
+        "{last:?}"
+    );
+    let listed = env.snapshots.list_all("packs/").await.expect("list");
+    assert_eq!(redirects(&listed), 2);
+    let after = gc(now.keep_last(2)).await;
+    assert_eq!(
+        (after.redirects_live, after.redirects_deleted),
+        (1, 1),
+        "{after:?}"
+    );
+    let left = env.snapshots.list_all("packs/").await.expect("list");
+    assert_eq!(redirects(&left), 1);
+    call(&m, &dave, |sb| async move {
+        assert_eq!(read(&sb, "v.txt").await.as_deref(), Some("v5\n"));
+        assert!(read(&sb, "README.md").await.is_some());
+    })
+    .await;
 }
 
 /// A file rewritten through the file primitive to the same size, call after call, is

@@ -11,6 +11,12 @@ use crate::reach::Reach;
 use crate::snapshot::{BlobKey, BlobStream, SnapshotStore};
 use crate::stream::ByteStream;
 
+/// Chunk data: a chunk or bundle blob, or a pack (not a redirect).
+fn is_chunk_data(key: &BlobKey) -> bool {
+    let k = key.as_str();
+    k.starts_with("chunks/") || (k.starts_with("packs/") && !k.ends_with(".moved"))
+}
+
 /// Wraps a store; after [`fail_after`](Self::fail_after), every `put` reads that many bytes of
 /// its input and then fails as if the service went away mid-upload. Counts chunk reads.
 #[derive(Debug)]
@@ -35,7 +41,7 @@ impl FailingStore {
         self.budget.store(bytes, Ordering::SeqCst);
     }
 
-    /// How many chunk blobs were read so far.
+    /// How many reads of chunk data (chunk blobs, ranged reads of packs) so far.
     pub fn chunk_gets(&self) -> u64 {
         self.chunk_gets.load(Ordering::SeqCst)
     }
@@ -47,6 +53,7 @@ impl FailingStore {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl SnapshotStore for FailingStore {
     fn name(&self) -> &'static str {
         "failing"
@@ -77,10 +84,17 @@ impl SnapshotStore for FailingStore {
     }
 
     async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
-        if key.as_str().starts_with("chunks/") {
+        if is_chunk_data(key) {
             self.chunk_gets.fetch_add(1, Ordering::SeqCst);
         }
         self.inner.get(key).await
+    }
+
+    async fn get_range(&self, key: &BlobKey, offset: u64, len: u64) -> Result<ByteStream> {
+        if is_chunk_data(key) {
+            self.chunk_gets.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.get_range(key, offset, len).await
     }
 
     async fn exists(&self, key: &BlobKey) -> Result<bool> {
@@ -92,6 +106,141 @@ impl SnapshotStore for FailingStore {
     }
 
     fn list(&self, prefix: &str) -> BlobStream {
+        self.inner.list(prefix)
+    }
+}
+
+/// Requests and bytes a [`CountingStore`] saw, per kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct StoreCounts {
+    /// `put` calls.
+    pub puts: u64,
+    /// `get` and `get_range` calls.
+    pub gets: u64,
+    /// `list` calls (one per listing, whatever its pages).
+    pub lists: u64,
+    /// `delete` calls.
+    pub deletes: u64,
+    /// `exists` calls.
+    pub exists: u64,
+    /// Bytes the store accepted in `put`s.
+    pub bytes_written: u64,
+    /// Bytes read back through `get`/`get_range` streams.
+    pub bytes_read: u64,
+}
+
+impl StoreCounts {
+    /// The counts accumulated since `earlier`.
+    pub fn since(&self, earlier: &StoreCounts) -> StoreCounts {
+        StoreCounts {
+            puts: self.puts - earlier.puts,
+            gets: self.gets - earlier.gets,
+            lists: self.lists - earlier.lists,
+            deletes: self.deletes - earlier.deletes,
+            exists: self.exists - earlier.exists,
+            bytes_written: self.bytes_written - earlier.bytes_written,
+            bytes_read: self.bytes_read - earlier.bytes_read,
+        }
+    }
+}
+
+/// Forwards every call to a store and counts requests and bytes (for benches and tests on any
+/// store: local, S3, Redis).
+#[derive(Debug)]
+pub struct CountingStore {
+    inner: Arc<dyn SnapshotStore>,
+    counts: Arc<Counters>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    puts: AtomicU64,
+    gets: AtomicU64,
+    lists: AtomicU64,
+    deletes: AtomicU64,
+    exists: AtomicU64,
+    bytes_written: AtomicU64,
+    bytes_read: AtomicU64,
+}
+
+impl CountingStore {
+    /// Count the calls to `inner`.
+    pub fn new(inner: Arc<dyn SnapshotStore>) -> Self {
+        CountingStore {
+            inner,
+            counts: Arc::default(),
+        }
+    }
+
+    /// The counts so far.
+    pub fn counts(&self) -> StoreCounts {
+        let c = &self.counts;
+        StoreCounts {
+            puts: c.puts.load(Ordering::SeqCst),
+            gets: c.gets.load(Ordering::SeqCst),
+            lists: c.lists.load(Ordering::SeqCst),
+            deletes: c.deletes.load(Ordering::SeqCst),
+            exists: c.exists.load(Ordering::SeqCst),
+            bytes_written: c.bytes_written.load(Ordering::SeqCst),
+            bytes_read: c.bytes_read.load(Ordering::SeqCst),
+        }
+    }
+
+    fn counted(&self, stream: ByteStream) -> ByteStream {
+        let counts = self.counts.clone();
+        stream
+            .inspect(move |chunk| {
+                if let Ok(b) = chunk {
+                    counts
+                        .bytes_read
+                        .fetch_add(b.len() as u64, Ordering::SeqCst);
+                }
+            })
+            .boxed()
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl SnapshotStore for CountingStore {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn reach(&self) -> Reach {
+        self.inner.reach()
+    }
+
+    async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
+        self.counts.puts.fetch_add(1, Ordering::SeqCst);
+        let n = self.inner.put(key, data, size).await?;
+        self.counts.bytes_written.fetch_add(n, Ordering::SeqCst);
+        Ok(n)
+    }
+
+    async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
+        self.counts.gets.fetch_add(1, Ordering::SeqCst);
+        Ok(self.counted(self.inner.get(key).await?))
+    }
+
+    async fn get_range(&self, key: &BlobKey, offset: u64, len: u64) -> Result<ByteStream> {
+        self.counts.gets.fetch_add(1, Ordering::SeqCst);
+        Ok(self.counted(self.inner.get_range(key, offset, len).await?))
+    }
+
+    async fn exists(&self, key: &BlobKey) -> Result<bool> {
+        self.counts.exists.fetch_add(1, Ordering::SeqCst);
+        self.inner.exists(key).await
+    }
+
+    async fn delete(&self, key: &BlobKey) -> Result<()> {
+        self.counts.deletes.fetch_add(1, Ordering::SeqCst);
+        self.inner.delete(key).await
+    }
+
+    fn list(&self, prefix: &str) -> BlobStream {
+        self.counts.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.list(prefix)
     }
 }
