@@ -77,7 +77,70 @@ struct Row {
     peak_rss_kib: u64,
     /// Store requests and bytes of the phase.
     requests: StoreCounts,
+    /// On S3: the HTTP requests the store sent in the phase (a multipart upload is several).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    http_requests: Option<HttpRequests>,
     note: String,
+}
+
+/// HTTP requests of an S3 store (from `OssSnapshotStore::requests`).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+struct HttpRequests {
+    /// Single `PUT`s.
+    put: u64,
+    /// Multipart uploads started, parts uploaded, uploads completed.
+    multipart_start: u64,
+    part: u64,
+    complete: u64,
+    /// `GET`s (ranged ones included) and, of those, ranged ones.
+    get: u64,
+    ranged_get: u64,
+    head: u64,
+    delete: u64,
+    list: u64,
+}
+
+impl std::fmt::Display for HttpRequests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PUT {} MPU {}+{}p+{} GET {} ({} ranged) HEAD {} LIST {} DEL {}",
+            self.put,
+            self.multipart_start,
+            self.part,
+            self.complete,
+            self.get,
+            self.ranged_get,
+            self.head,
+            self.list,
+            self.delete
+        )
+    }
+}
+
+/// The S3 store a child built, to read its HTTP request counts after the phase.
+#[cfg(feature = "s3")]
+static S3_STORE: std::sync::OnceLock<sandbox_harness::s3::OssSnapshotStore> =
+    std::sync::OnceLock::new();
+
+/// The HTTP requests of the S3 store this process built, if it built one.
+fn http_requests() -> Option<HttpRequests> {
+    #[cfg(feature = "s3")]
+    if let Some(store) = S3_STORE.get() {
+        let r = store.requests();
+        return Some(HttpRequests {
+            put: r.put,
+            multipart_start: r.multipart_start,
+            part: r.part,
+            complete: r.complete,
+            get: r.get,
+            ranged_get: r.ranged_get,
+            head: r.head,
+            delete: r.delete,
+            list: r.list,
+        });
+    }
+    None
 }
 
 /// What a child reports.
@@ -97,6 +160,8 @@ struct ChildResult {
     snapshot: Option<String>,
     #[serde(default)]
     requests: StoreCounts,
+    #[serde(default)]
+    http_requests: Option<HttpRequests>,
 }
 
 impl ChildResult {
@@ -112,6 +177,7 @@ impl ChildResult {
             new_chunk_bytes: 0,
             snapshot: None,
             requests: StoreCounts::default(),
+            http_requests: None,
         }
     }
 }
@@ -400,6 +466,7 @@ impl Bench {
             new_chunk_bytes: r.new_chunk_bytes,
             peak_rss_kib: r.peak_rss_kib,
             requests: r.requests,
+            http_requests: r.http_requests,
             note: note.into(),
         });
     }
@@ -488,6 +555,12 @@ impl Bench {
         );
         let r = ChildResult {
             requests: store.counts(),
+            // The S3 store is built once in this process: by this GC.
+            http_requests: if self.store == "s3" {
+                http_requests()
+            } else {
+                None
+            },
             ..ChildResult::timed(gc_ms)
         };
         self.push(
@@ -557,7 +630,7 @@ impl Bench {
         for store in seen {
             println!("\n[{store}]");
             println!(
-                "{:<3} {:<27} {:<8} {:>10} {:<20} {:>7} {:>12} {:>12} {:>18} {:>8}",
+                "{:<3} {:<27} {:<8} {:>10} {:<20} {:>7} {:>12} {:>12} {:>18} {:>8}  {}",
                 "wl",
                 "phase",
                 "format",
@@ -567,12 +640,13 @@ impl Bench {
                 "bytes put",
                 "bytes got",
                 "PUT/GET/LIST/DEL",
-                "RSS MiB"
+                "RSS MiB",
+                if store == "s3" { "HTTP requests" } else { "" }
             );
             for r in self.rows.iter().filter(|r| r.store == store && primary(r)) {
                 let q = &r.requests;
                 println!(
-                    "{:<3} {:<27} {:<8} {:>10.2} {:<20} {:>7.2} {:>12} {:>12} {:>18} {:>8.1}",
+                    "{:<3} {:<27} {:<8} {:>10.2} {:<20} {:>7.2} {:>12} {:>12} {:>18} {:>8.1}  {}",
                     r.workload,
                     r.phase,
                     r.format,
@@ -582,7 +656,8 @@ impl Bench {
                     q.bytes_written,
                     q.bytes_read,
                     format!("{}/{}/{}/{}", q.puts, q.gets, q.lists, q.deletes),
-                    r.peak_rss_kib as f64 / 1024.0
+                    r.peak_rss_kib as f64 / 1024.0,
+                    r.http_requests.map(|h| h.to_string()).unwrap_or_default()
                 );
             }
         }
@@ -770,6 +845,7 @@ fn store_kind() -> String {
     std::env::var("SANDBOX_BENCH_STORE").unwrap_or_else(|_| "local".into())
 }
 
+#[cfg(any(feature = "s3", feature = "redis"))]
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: run the snapshot bench with `cargo xtask bench snapshot`")
@@ -785,12 +861,14 @@ fn make_store(root: &Path, store: &str, format: SnapshotFormat) -> Arc<dyn Snaps
             root.join(format!("store-{fmt}")),
         )),
         #[cfg(feature = "s3")]
-        "s3" => Arc::new(
-            s3_config()
+        "s3" => {
+            let s = s3_config()
                 .prefix(format!("bench-{fmt}"))
                 .build()
-                .expect("the S3 store"),
-        ),
+                .expect("the S3 store");
+            let _ = S3_STORE.set(s.clone());
+            Arc::new(s)
+        }
         #[cfg(feature = "redis")]
         "redis" => Arc::new(
             sandbox_harness::redis_snapshots::RedisSnapshotStore::new(
@@ -885,6 +963,7 @@ fn child(args: &[String]) {
                     .expect("take");
                 let ms = ms(started.elapsed());
                 let requests = counting.counts();
+                let http_requests = http_requests();
                 save_ref(root, &key, &out.snapshot);
                 // After the measurement: the chunks new since the parent.
                 let new_chunk_bytes = match parent_chunks {
@@ -909,6 +988,7 @@ fn child(args: &[String]) {
                     new_chunk_bytes,
                     snapshot: Some(out.snapshot.id),
                     requests,
+                    http_requests,
                 }
             }
             "restore" => {
@@ -931,9 +1011,11 @@ fn child(args: &[String]) {
                     .expect("restore");
                 let ms = ms(started.elapsed());
                 let requests = counting.counts();
+                let http_requests = http_requests();
                 handle.destroy().await.expect("destroy");
                 ChildResult {
                     requests,
+                    http_requests,
                     ..ChildResult::timed(ms)
                 }
             }
