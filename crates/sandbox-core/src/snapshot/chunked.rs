@@ -302,8 +302,8 @@ impl Chunker {
             for chunk in
                 fastcdc::v2020::StreamCDC::new(entry, self.cdc.min, self.cdc.avg, self.cdc.max)
             {
-                let chunk = chunk
-                    .map_err(|e| Error::io(path.as_str(), io::Error::other(e.to_string())))?;
+                let chunk =
+                    chunk.map_err(|e| Error::io(path.as_str(), io::Error::other(e.to_string())))?;
                 let data = Bytes::from(chunk.data);
                 let hash = blake3::hash(&data).to_hex().to_string();
                 if chunk.length as u64 == size {

@@ -6,9 +6,11 @@
 //!
 //! - [`SnapshotFormat::Tar`]: one tar archive per snapshot — what the spec describes and what a
 //!   human can open with `tar -tf`. Every change re-archives the whole workspace.
-//! - [`SnapshotFormat::Chunked`]: files split into content-defined chunks (FastCDC), each stored
-//!   once under its hash (`chunks/<aa>/<hash>`); the manifest lists them. A stop exports only
-//!   files whose metadata changed and uploads only chunks the parent snapshot does not have.
+//! - [`SnapshotFormat::Chunked`]: files split into content-defined chunks (FastCDC), appended to
+//!   pack objects (`packs/<aa>/<id>`, one streamed upload each, see [`pack`]); the manifest lists
+//!   each file's chunks with their hash and location. A stop exports only files whose metadata
+//!   changed and uploads only chunks the parent snapshot does not have. (Not the default yet:
+//!   `cargo xtask bench snapshot` has its full 100 × 1 MiB snapshot above 1.5× `tar -cf`.)
 //!
 //! Both formats skip unchanged workspaces: `stop` lists the box (size, mtime, mode, inode) and
 //! compares with the parent manifest; nothing is written and the reference stays the same when
@@ -21,10 +23,12 @@
 //! untouched.
 //!
 //! Blob layout in a [`SnapshotStore`]: `snapshots/<namespace>/<id>.manifest`,
-//! `snapshots/<namespace>/<id>.tar` (tar format), `chunks/<aa>/<hash>` (chunked format). The
+//! `snapshots/<namespace>/<id>.tar` (tar format), `packs/<aa>/<id>` and `packs/<aa>/<id>.moved`
+//! (chunked format), `chunks/<aa>/<hash>` (chunked snapshots written before packs). The
 //! namespace is the isolation key's digest (a call without a key takes no snapshot: nothing
 //! could find it again); retention keeps the newest [`SnapshotSpec::keep_last`] manifests per
-//! namespace and the one the stored state references, and [`gc`] sweeps unreferenced chunks.
+//! namespace and the one the stored state references, and [`gc`] deletes unreferenced packs
+//! and chunks and repacks mostly dead packs.
 
 mod chunked;
 mod gc;

@@ -229,7 +229,7 @@ impl Redirect {
         from: PackId,
         mut entries: Vec<RedirectEntry>,
     ) -> std::result::Result<Self, RedirectError> {
-        entries.sort_by(|a, b| a.hash.cmp(&b.hash));
+        entries.sort_by_key(|e| e.hash);
         entries.dedup_by(|a, b| a.hash == b.hash);
         let r = Redirect { from, entries };
         r.check()?;
@@ -389,9 +389,12 @@ pub(crate) struct Coalesce {
 
 impl Default for Coalesce {
     fn default() -> Self {
+        // Reads of 4 MiB took a 1 GiB restore from ~50 to ~87 MiB peak RSS (each read is one
+        // buffer held until its last piece is consumed, several in flight, and glibc keeps
+        // freed large buffers in per-thread arenas); 1 MiB, the largest chunk, keeps it there.
         Coalesce {
-            max_gap: 256 << 10,
-            max_read: 4 << 20,
+            max_gap: 64 << 10,
+            max_read: 1 << 20,
         }
     }
 }
@@ -519,7 +522,8 @@ mod tests {
         overflow[HEADER_LEN + 48..HEADER_LEN + 56].fill(0xff);
         let mut self_ref = good.clone();
         self_ref[HEADER_LEN + 32..HEADER_LEN + 48].copy_from_slice(&from.to_bytes());
-        let cases: Vec<(&str, Vec<u8>, fn(&RedirectError) -> bool)> = vec![
+        type Case = (&'static str, Vec<u8>, fn(&RedirectError) -> bool);
+        let cases: Vec<Case> = vec![
             ("empty", Vec::new(), |e| {
                 matches!(e, RedirectError::TooShort { .. })
             }),
