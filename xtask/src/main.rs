@@ -18,7 +18,7 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("help") | None => {
             println!(
-                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  s3-test [ARGS]  install s3s-fs if missing and run `cargo test ARGS` with SANDBOX_TEST_S3FS set (e.g. -p snapshot-oss)\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [W]  snapshot engine vs GNU tar (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json"
+                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  s3-test [ARGS]  install s3s-fs if missing and run `cargo test ARGS` with SANDBOX_TEST_S3FS set (e.g. -p snapshot-oss)\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [--store local|s3|redis]... [W]  snapshot engine on each store (default all three; servers started here) vs same-run floors (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json"
             );
             Ok(())
         }
@@ -99,23 +99,7 @@ fn cargo_deny() -> Result<(), String> {
 
 fn bench(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
-        Some("snapshot") => {
-            let mut cmd = vec![
-                "bench",
-                "--package",
-                "sandbox-harness",
-                "--bench",
-                "snapshot",
-                "--",
-            ];
-            cmd.extend(args[1..].iter().map(String::as_str));
-            let out = workspace_root().join("target/bench");
-            run_env(
-                "cargo",
-                &cmd,
-                &[("SANDBOX_BENCH_OUT", out.to_str().expect("UTF-8 path"))],
-            )
-        }
+        Some("snapshot") => bench_snapshot(&args[1..]),
         Some("docker") => bench_docker(),
         Some("replicas") => bench_replicas(),
         Some("host") => {
@@ -155,6 +139,86 @@ fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), Str
     } else {
         Err(format!("`{program} {}` failed ({status})", args.join(" ")))
     }
+}
+
+/// The stores `cargo xtask bench snapshot` knows.
+const SNAPSHOT_STORES: [&str; 3] = ["local", "s3", "redis"];
+
+/// `cargo xtask bench snapshot [--store local|s3|redis]... [W]`: the snapshot benchmark on
+/// the chosen stores (repeat `--store` or give a comma list; default all three). The servers
+/// the stores need are started here on loopback (`s3s-fs` with a temporary data directory,
+/// `redis-server`) and stopped after, also on failure (drop guards kill the pids we started);
+/// their addresses reach the bench through `SANDBOX_BENCH_*` variables.
+fn bench_snapshot(args: &[String]) -> Result<(), String> {
+    let mut stores: Vec<String> = Vec::new();
+    let mut rest: Vec<&str> = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let list = if arg == "--store" {
+            it.next()
+                .ok_or("--store needs a value: local, s3 or redis")?
+                .as_str()
+        } else if let Some(v) = arg.strip_prefix("--store=") {
+            v
+        } else {
+            rest.push(arg);
+            continue;
+        };
+        for s in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if !SNAPSHOT_STORES.contains(&s) {
+                return Err(format!("unknown store `{s}` (have: local, s3, redis)"));
+            }
+            if !stores.iter().any(|have| have == s) {
+                stores.push(s.to_owned());
+            }
+        }
+    }
+    if stores.is_empty() {
+        stores = SNAPSHOT_STORES.iter().map(|s| (*s).to_owned()).collect();
+    }
+    let out = workspace_root().join("target/bench");
+    let mut env: Vec<(&str, String)> = vec![
+        (
+            "SANDBOX_BENCH_OUT",
+            out.to_str().expect("UTF-8 path").to_owned(),
+        ),
+        ("SANDBOX_BENCH_STORES", stores.join(",")),
+    ];
+    let mut features = vec!["local"];
+    // Both guards live until the end of this function: after the bench, or at its failure.
+    let _s3 = if stores.iter().any(|s| s == "s3") {
+        features.push("s3");
+        let server = S3fsService::start(&s3s_fs()?)?;
+        env.extend(server.bench_env());
+        Some(server)
+    } else {
+        None
+    };
+    let _redis = if stores.iter().any(|s| s == "redis") {
+        features.push("redis");
+        let server = RedisService::start()?;
+        env.push((
+            "SANDBOX_BENCH_REDIS_URL",
+            format!("redis://127.0.0.1:{}", server.port),
+        ));
+        Some(server)
+    } else {
+        None
+    };
+    let features = features.join(",");
+    let mut cmd = vec![
+        "bench",
+        "--package",
+        "sandbox-harness",
+        "--features",
+        &features,
+        "--bench",
+        "snapshot",
+        "--",
+    ];
+    cmd.extend(rest);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    run_env("cargo", &cmd, &env)
 }
 
 /// `cargo xtask bench replicas`: the Redis guard and state store under load, against the
@@ -402,6 +466,121 @@ fn s3s_fs() -> Result<String, String> {
                 "s3s-fs {S3FS} still missing after `cargo install` (the S3 tests cannot be skipped)"
             )
         })
+}
+
+/// An `s3s-fs` for the snapshot benchmark: a free loopback port, a temporary data directory
+/// holding the bucket `bench`. Killed (by the pid we started) and reaped on drop, and its data
+/// directory removed.
+struct S3fsService {
+    child: std::process::Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl S3fsService {
+    const BUCKET: &'static str = "bench";
+    const ACCESS_KEY: &'static str = "sandbox-bench";
+    const SECRET_KEY: &'static str = "sandbox-bench-secret";
+
+    /// Start `binary` and wait until it accepts connections; a port taken meanwhile is retried
+    /// on another. A server that cannot start fails the task.
+    fn start(binary: &str) -> Result<S3fsService, String> {
+        let mut last = String::new();
+        for _ in 0..5 {
+            match S3fsService::try_start(binary) {
+                Ok(service) => {
+                    println!(
+                        "xtask: s3s-fs (pid {}) ready on 127.0.0.1:{}",
+                        service.child.id(),
+                        service.port
+                    );
+                    return Ok(service);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(format!("s3s-fs did not start: {last}"))
+    }
+
+    fn try_start(binary: &str) -> Result<S3fsService, String> {
+        let port = free_port()?;
+        let dir = std::env::temp_dir().join(format!("xtask-s3fs-{}-{port}", std::process::id()));
+        let data = dir.join("data");
+        // s3s-fs keeps a bucket as a directory of its data directory.
+        std::fs::create_dir_all(data.join(S3fsService::BUCKET))
+            .map_err(|e| format!("creating {}: {e}", data.display()))?;
+        let log = std::fs::File::create(dir.join("s3s-fs.log"))
+            .map_err(|e| format!("creating the s3s-fs log: {e}"))?;
+        let child = Command::new(binary)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--access-key", S3fsService::ACCESS_KEY])
+            .args(["--secret-key", S3fsService::SECRET_KEY])
+            .arg(&data)
+            .env("RUST_LOG", "s3s_fs=info")
+            .stdin(std::process::Stdio::null())
+            .stdout(
+                log.try_clone()
+                    .map_err(|e| format!("the s3s-fs log: {e}"))?,
+            )
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot run {binary}: {e}"))?;
+        // From here on the guard owns the process: an early return kills it.
+        let mut service = S3fsService { child, port, dir };
+        service.wait_ready().map_err(|e| {
+            let log = std::fs::read_to_string(service.dir.join("s3s-fs.log")).unwrap_or_default();
+            format!("{e}\n{log}")
+        })?;
+        Ok(service)
+    }
+
+    /// Poll a TCP connect every 20 ms for up to 20 s, while our child runs.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("s3s-fs on port {} exited: {status}", self.port));
+            }
+            if std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200))
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                return Err(format!("s3s-fs on port {} never listened", self.port));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// The variables that point the snapshot bench at this server.
+    fn bench_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "SANDBOX_BENCH_S3_ENDPOINT",
+                format!("http://127.0.0.1:{}", self.port),
+            ),
+            ("SANDBOX_BENCH_S3_BUCKET", S3fsService::BUCKET.to_owned()),
+            (
+                "SANDBOX_BENCH_S3_ACCESS_KEY",
+                S3fsService::ACCESS_KEY.to_owned(),
+            ),
+            (
+                "SANDBOX_BENCH_S3_SECRET_KEY",
+                S3fsService::SECRET_KEY.to_owned(),
+            ),
+        ]
+    }
+}
+
+impl Drop for S3fsService {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        println!("xtask: s3s-fs on port {} stopped", self.port);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,9 +1,22 @@
-//! `cargo xtask bench snapshot`: the snapshot engine against GNU tar, in the same run.
+//! `cargo xtask bench snapshot [--store local|s3|redis]... [W]`: the snapshot engine on each
+//! store against a same-run floor.
 //!
 //! Workloads: A) 1,000 files × 1 KiB; B) 100 files × 1 MiB random; C) B after changing 3 bytes
 //! in one of its files; D) B with no change; E) 1 GiB of mixed files (a few large, many small).
 //! Phases: `snapshot` (workspace → store) and `restore` (store → an empty box), per format.
-//! Baselines: `tar -cf`, `tar -xf`, and `tar -c | sha256sum` (archiving while hashing).
+//!
+//! Stores: `SANDBOX_BENCH_STORES` (comma list of `local`, `s3`, `redis`; default `local`).
+//! `cargo xtask bench snapshot` starts the servers and sets `SANDBOX_BENCH_S3_ENDPOINT`,
+//! `SANDBOX_BENCH_S3_BUCKET`, `SANDBOX_BENCH_S3_ACCESS_KEY`, `SANDBOX_BENCH_S3_SECRET_KEY` and
+//! `SANDBOX_BENCH_REDIS_URL`. Floors, per store:
+//! - local: `tar -cf`, `tar -xf`, and `tar -c | sha256sum` (archiving while hashing);
+//! - s3: `tar -c` of the tree streamed into one `object_store` upload (parts of the store's part
+//!   size, as many in flight), and that object downloaded and piped into `tar -x`;
+//! - redis: `tar -c` cut into parts of the store's part size written with pipelined `SET`s (as
+//!   many in flight as the store), and read back with pipelined `GET`s into `tar -x`.
+//!
+//! The local store runs both formats; S3 and Redis the chunked one (`SANDBOX_BENCH_FORMAT`
+//! picks one format everywhere).
 //!
 //! Each of our measurements runs in a child process of this binary so its peak RSS
 //! (`VmHWM`) is its own. Results: a table on stdout and `target/bench/snapshot.json`, every row
@@ -14,6 +27,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[cfg(any(feature = "s3", feature = "redis"))]
+use futures::{StreamExt as _, TryStreamExt as _};
+#[cfg(any(feature = "s3", feature = "redis"))]
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use sandbox_core::testkit::{CountingStore, StoreCounts};
 use sandbox_harness::local::{LocalClient, LocalOptions};
@@ -42,7 +60,7 @@ fn main() {
 
 #[derive(Debug, Clone, serde::Serialize)]
 struct Row {
-    /// The snapshot store (`local`; see [`make_store`]).
+    /// The snapshot store (`local`, `s3`, `redis`; see [`make_store`]).
     store: String,
     workload: String,
     phase: String,
@@ -52,10 +70,77 @@ struct Row {
     baseline_ms: f64,
     ratio: f64,
     bytes_written: u64,
+    /// Bytes of the manifest among `bytes_written`.
+    manifest_bytes: u64,
+    /// Bytes of chunks new since the parent snapshot (C: the changed chunk).
+    new_chunk_bytes: u64,
     peak_rss_kib: u64,
     /// Store requests and bytes of the phase.
     requests: StoreCounts,
+    /// On S3: the HTTP requests the store sent in the phase (a multipart upload is several).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    http_requests: Option<HttpRequests>,
     note: String,
+}
+
+/// HTTP requests of an S3 store (from `OssSnapshotStore::requests`).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+struct HttpRequests {
+    /// Single `PUT`s.
+    put: u64,
+    /// Multipart uploads started, parts uploaded, uploads completed.
+    multipart_start: u64,
+    part: u64,
+    complete: u64,
+    /// `GET`s (ranged ones included) and, of those, ranged ones.
+    get: u64,
+    ranged_get: u64,
+    head: u64,
+    delete: u64,
+    list: u64,
+}
+
+impl std::fmt::Display for HttpRequests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PUT {} MPU {}+{}p+{} GET {} ({} ranged) HEAD {} LIST {} DEL {}",
+            self.put,
+            self.multipart_start,
+            self.part,
+            self.complete,
+            self.get,
+            self.ranged_get,
+            self.head,
+            self.list,
+            self.delete
+        )
+    }
+}
+
+/// The S3 store a child built, to read its HTTP request counts after the phase.
+#[cfg(feature = "s3")]
+static S3_STORE: std::sync::OnceLock<sandbox_harness::s3::OssSnapshotStore> =
+    std::sync::OnceLock::new();
+
+/// The HTTP requests of the S3 store this process built, if it built one.
+fn http_requests() -> Option<HttpRequests> {
+    #[cfg(feature = "s3")]
+    if let Some(store) = S3_STORE.get() {
+        let r = store.requests();
+        return Some(HttpRequests {
+            put: r.put,
+            multipart_start: r.multipart_start,
+            part: r.part,
+            complete: r.complete,
+            get: r.get,
+            ranged_get: r.ranged_get,
+            head: r.head,
+            delete: r.delete,
+            list: r.list,
+        });
+    }
+    None
 }
 
 /// What a child reports.
@@ -68,9 +153,15 @@ struct ChildResult {
     files_hashed: u64,
     /// Bytes of the manifest among `bytes_written`.
     manifest_bytes: u64,
+    /// Bytes of the chunks this snapshot references that its parent did not (C: the changed
+    /// chunk).
+    #[serde(default)]
+    new_chunk_bytes: u64,
     snapshot: Option<String>,
     #[serde(default)]
     requests: StoreCounts,
+    #[serde(default)]
+    http_requests: Option<HttpRequests>,
 }
 
 impl ChildResult {
@@ -83,8 +174,10 @@ impl ChildResult {
             unchanged: false,
             files_hashed: 0,
             manifest_bytes: 0,
+            new_chunk_bytes: 0,
             snapshot: None,
             requests: StoreCounts::default(),
+            http_requests: None,
         }
     }
 }
@@ -93,6 +186,8 @@ struct Bench {
     root: PathBuf,
     exe: PathBuf,
     rows: Vec<Row>,
+    /// The store being measured.
+    store: String,
 }
 
 fn driver(only: Option<&str>) {
@@ -102,76 +197,97 @@ fn driver(only: Option<&str>) {
     let root = out.join("snapshot-work");
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).expect("bench dir");
+    let stores = stores();
     let mut b = Bench {
         root: root.canonicalize().expect("root"),
         exe: std::env::current_exe().expect("exe"),
         rows: Vec::new(),
+        store: stores[0].clone(),
     };
-    println!("snapshot benchmark (work dir {})\n", b.root.display());
+    println!(
+        "snapshot benchmark on {} (work dir {})\n",
+        stores.join(", "),
+        b.root.display()
+    );
 
     let want = |w: &str| only.is_none_or(|o| o.contains(w));
     if want("A") {
         let ws = b.workspace("a");
         write_files(&ws, 1000, 1024, 1);
-        for format in formats() {
-            b.full_cycle("A", "a", format);
+        for store in &stores {
+            b.store = store.clone();
+            for format in formats(store) {
+                b.full_cycle("A", "a", format);
+            }
         }
     }
     if want("B") || want("C") || want("D") {
         let ws = b.workspace("b");
         write_files(&ws, 100, MIB, 2);
-        for format in formats() {
-            let snap = b.full_cycle("B", "b", format);
-            // D: no change since the snapshot.
-            let d = b.child_take("b", format, Some(&snap));
-            b.push(
-                "D",
-                "snapshot (no change)",
-                format,
-                &d,
-                ("target", 10.0),
-                if d.unchanged {
-                    "unchanged: nothing written"
-                } else {
-                    "CHANGED?"
-                },
-            );
-            // C: three bytes changed in one file.
-            poke(&ws.join("f0042.bin"), 500_000, b"abc");
-            let c = b.child_take("b", format, Some(&snap));
-            let note = format!(
-                "{} file(s) re-read; data {} B + manifest {} B",
-                c.files_hashed,
-                c.bytes_written - c.manifest_bytes,
-                c.manifest_bytes
-            );
-            b.push(
-                "C",
-                "snapshot (3 bytes changed)",
-                format,
-                &c,
-                ("target", 30.0),
-                &note,
-            );
-            // Put the byte back for the other format's run.
-            b.reset_b(&ws);
+        for store in &stores {
+            b.store = store.clone();
+            for format in formats(store) {
+                b.bcd(&ws, format);
+            }
         }
     }
     if want("E") {
         let ws = b.workspace("e");
         write_mixed(&ws);
-        for format in formats() {
-            b.full_cycle("E", "e", format);
+        for store in &stores {
+            b.store = store.clone();
+            for format in formats(store) {
+                b.full_cycle("E", "e", format);
+            }
         }
     }
     if only.is_none() {
-        b.gc();
+        for store in &stores {
+            b.store = store.clone();
+            b.gc();
+        }
     }
     b.report();
+    b.summary();
     let _ = std::fs::remove_dir_all(&b.root);
 }
 
 impl Bench {
+    /// B (full cycle), then D (no change) and C (three bytes changed) against B's snapshot.
+    fn bcd(&mut self, ws: &Path, format: SnapshotFormat) {
+        let snap = self.full_cycle("B", "b", format);
+        // D: no change since the snapshot.
+        let d = self.child_take("b", format, Some(&snap));
+        let target_d = ("target", 10.0);
+        let note = if d.unchanged {
+            "unchanged: nothing written"
+        } else {
+            "CHANGED?"
+        };
+        self.push("D", "snapshot (no change)", format, &d, target_d, note);
+        // C: three bytes changed in one file.
+        poke(&ws.join("f0042.bin"), 500_000, b"abc");
+        let c = self.child_take("b", format, Some(&snap));
+        let note = format!(
+            "{} file(s) re-read; data {} B (new chunks {} B) + manifest {} B",
+            c.files_hashed,
+            c.bytes_written - c.manifest_bytes,
+            c.new_chunk_bytes,
+            c.manifest_bytes
+        );
+        let target_c = ("target", if self.store == "local" { 30.0 } else { 50.0 });
+        self.push(
+            "C",
+            "snapshot (3 bytes changed)",
+            format,
+            &c,
+            target_c,
+            &note,
+        );
+        // Put the byte back for the next run.
+        self.reset_b(ws);
+    }
+
     fn workspace(&self, name: &str) -> PathBuf {
         // The box for `name` lives at boxes/k-<digest>/workspace; create it through the backend.
         let rt = runtime();
@@ -197,11 +313,83 @@ impl Bench {
         write_one(&ws.join("f0042.bin"), MIB, 2, 42);
     }
 
-    /// Snapshot `name` in `format`, restore it into an empty box; with the tar baselines.
+    /// Snapshot `name` in `format`, restore it into an empty box; with the store's floors.
     fn full_cycle(&mut self, workload: &str, name: &str, format: SnapshotFormat) -> String {
         let ws = self.workspace(name);
         let took = self.child_take(name, format, None);
         let snap = took.snapshot.clone().expect("snapshot id");
+        let restored = self.child_restore(name, format, &snap);
+        if self.store == "local" {
+            self.local_floors(workload, name, &ws, format, &took, &restored);
+        } else {
+            self.remote_floors(workload, name, &ws, format, &took, &restored);
+        }
+        snap
+    }
+
+    /// The floors of a remote store ([`Floor`]), in the same run.
+    #[cfg(any(feature = "s3", feature = "redis"))]
+    fn remote_floors(
+        &mut self,
+        workload: &str,
+        name: &str,
+        ws: &Path,
+        format: SnapshotFormat,
+        took: &ChildResult,
+        restored: &ChildResult,
+    ) {
+        let empty = self.root.join(format!("{name}-floor-x"));
+        let rt = runtime();
+        let _enter = rt.enter();
+        let floor = Floor::new(&self.store);
+        let (up, down) = rt.block_on(async {
+            let mut up = f64::MAX;
+            let mut down = f64::MAX;
+            for _ in 0..RUNS {
+                up = up.min(floor.upload(ws, name).await);
+                let _ = std::fs::remove_dir_all(&empty);
+                std::fs::create_dir_all(&empty).expect("dir");
+                down = down.min(floor.download(name, &empty).await);
+            }
+            floor.clear(name).await;
+            (up, down)
+        });
+        let _ = std::fs::remove_dir_all(&empty);
+        let (up_name, down_name) = floor.names();
+        self.push(workload, "snapshot", format, took, (up_name, up), "");
+        self.push(
+            workload,
+            "restore",
+            format,
+            restored,
+            (down_name, down),
+            "into an empty box",
+        );
+    }
+
+    #[cfg(not(any(feature = "s3", feature = "redis")))]
+    fn remote_floors(
+        &mut self,
+        _: &str,
+        _: &str,
+        _: &Path,
+        _: SnapshotFormat,
+        _: &ChildResult,
+        _: &ChildResult,
+    ) {
+        panic!("store `{}` needs the features s3 / redis", self.store);
+    }
+
+    /// GNU tar on the local disk, in the same run.
+    fn local_floors(
+        &mut self,
+        workload: &str,
+        name: &str,
+        ws: &Path,
+        format: SnapshotFormat,
+        took: &ChildResult,
+        restored: &ChildResult,
+    ) {
         let tar_file = self.root.join(format!("{name}.tar"));
         let tar_c = time_cmd(&format!(
             "tar -cf {} -C {} .",
@@ -218,12 +406,12 @@ impl Bench {
             ws.display(),
             f = tar_file.display()
         ));
-        self.push(workload, "snapshot", format, &took, ("tar -cf", tar_c), "");
+        self.push(workload, "snapshot", format, took, ("tar -cf", tar_c), "");
         self.push(
             workload,
             "snapshot",
             format,
-            &took,
+            took,
             ("tar -cf && sync", tar_c_sync),
             "",
         );
@@ -231,11 +419,10 @@ impl Bench {
             workload,
             "snapshot",
             format,
-            &took,
+            took,
             ("tar -c | sha256sum", tar_sha),
             "",
         );
-        let restored = self.child_restore(name, format, &snap);
         let empty = self.root.join(format!("{name}-tar-x"));
         let _ = std::fs::remove_dir_all(&empty);
         std::fs::create_dir_all(&empty).expect("dir");
@@ -250,11 +437,10 @@ impl Bench {
             workload,
             "restore",
             format,
-            &restored,
+            restored,
             ("tar -xf", tar_x),
             "into an empty box",
         );
-        snap
     }
 
     fn push(
@@ -267,7 +453,7 @@ impl Bench {
         note: &str,
     ) {
         self.rows.push(Row {
-            store: store_kind(),
+            store: self.store.clone(),
             workload: workload.into(),
             phase: phase.into(),
             format: format_name(format).into(),
@@ -276,8 +462,11 @@ impl Bench {
             baseline_ms,
             ratio: r.ms / baseline_ms,
             bytes_written: r.bytes_written,
+            manifest_bytes: r.manifest_bytes,
+            new_chunk_bytes: r.new_chunk_bytes,
             peak_rss_kib: r.peak_rss_kib,
             requests: r.requests,
+            http_requests: r.http_requests,
             note: note.into(),
         });
     }
@@ -313,6 +502,7 @@ impl Bench {
         for _ in 0..RUNS {
             let out = Command::new(&self.exe)
                 .args(args)
+                .env("SANDBOX_BENCH_STORE", &self.store)
                 .output()
                 .expect("spawn child");
             assert!(
@@ -337,8 +527,10 @@ impl Bench {
     /// Mark-and-sweep over the chunked store all workloads wrote: retention down to one
     /// snapshot per namespace, then every unreferenced chunk swept (grace 0).
     fn gc(&mut self) {
-        let store = CountingStore::new(make_store(&self.root, SnapshotFormat::Chunked));
         let rt = runtime();
+        let _enter = rt.enter();
+        let store =
+            CountingStore::new(make_store(&self.root, &self.store, SnapshotFormat::Chunked));
         let started = Instant::now();
         let report = rt
             .block_on(snapshot::gc(
@@ -363,6 +555,12 @@ impl Bench {
         );
         let r = ChildResult {
             requests: store.counts(),
+            // The S3 store is built once in this process: by this GC.
+            http_requests: if self.store == "s3" {
+                http_requests()
+            } else {
+                None
+            },
             ..ChildResult::timed(gc_ms)
         };
         self.push(
@@ -414,14 +612,183 @@ impl Bench {
             .expect("write json");
         println!("\nwrote {}", path.display());
     }
+
+    /// Per store: one row per workload and phase against the store's floor, then the issue's
+    /// targets (reported, never asserted) for the chunked format.
+    fn summary(&self) {
+        println!(
+            "\nsummary: ratio to the store's floor (local: tar -cf / tar -xf; s3: one streamed \
+             object_store upload of tar -c / its download into tar -x; redis: tar -c in pipelined \
+             SETs / GETs into tar -x); C and D: to the target ms"
+        );
+        let mut seen: Vec<&str> = Vec::new();
+        for r in &self.rows {
+            if !seen.contains(&r.store.as_str()) {
+                seen.push(&r.store);
+            }
+        }
+        for store in seen {
+            println!("\n[{store}]");
+            println!(
+                "{:<3} {:<27} {:<8} {:>10} {:<20} {:>7} {:>12} {:>12} {:>18} {:>8}  {}",
+                "wl",
+                "phase",
+                "format",
+                "ms",
+                "floor",
+                "ratio",
+                "bytes put",
+                "bytes got",
+                "PUT/GET/LIST/DEL",
+                "RSS MiB",
+                if store == "s3" { "HTTP requests" } else { "" }
+            );
+            for r in self.rows.iter().filter(|r| r.store == store && primary(r)) {
+                let q = &r.requests;
+                println!(
+                    "{:<3} {:<27} {:<8} {:>10.2} {:<20} {:>7.2} {:>12} {:>12} {:>18} {:>8.1}  {}",
+                    r.workload,
+                    r.phase,
+                    r.format,
+                    r.ours_ms,
+                    r.baseline,
+                    r.ratio,
+                    q.bytes_written,
+                    q.bytes_read,
+                    format!("{}/{}/{}/{}", q.puts, q.gets, q.lists, q.deletes),
+                    r.peak_rss_kib as f64 / 1024.0,
+                    r.http_requests.map(|h| h.to_string()).unwrap_or_default()
+                );
+            }
+        }
+        println!("\ntargets of issue 11 (chunked format; reported, not asserted):");
+        for (store, what, verdict) in self.targets() {
+            println!("  {store:<6} {what:<58} {verdict}");
+        }
+    }
+
+    /// The chunked-format row of `store`, `workload`, `phase` against its primary baseline.
+    fn row(&self, store: &str, workload: &str, phase: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| {
+            r.store == store
+                && r.workload == workload
+                && r.phase.starts_with(phase)
+                && r.format == "chunked"
+                && primary(r)
+        })
+    }
+
+    /// (store, target, verdict) for every target the issue sets on a store measured here.
+    fn targets(&self) -> Vec<(String, String, String)> {
+        let mut out = Vec::new();
+        let mut check = |store: &str, what: &str, value: Option<(bool, String)>| {
+            let verdict = match value {
+                Some((true, v)) => format!("met ({v})"),
+                Some((false, v)) => format!("NOT met ({v})"),
+                None => "not measured".to_owned(),
+            };
+            out.push((store.to_owned(), what.to_owned(), verdict));
+        };
+        // The issue's E row: the peak RSS of the 1 GiB chunked snapshot (restore's is in the
+        // table).
+        let rss_e = |store: &str| {
+            let mib = self.row(store, "E", "snapshot")?.peak_rss_kib as f64 / 1024.0;
+            Some((mib <= 64.0, format!("{mib:.1} MiB")))
+        };
+        let c_bytes = |r: &Row| {
+            let limit = 2 * (r.new_chunk_bytes + r.manifest_bytes);
+            (
+                r.requests.bytes_written <= limit,
+                format!(
+                    "{} B uploaded, limit 2 × ({} + {}) = {limit} B",
+                    r.requests.bytes_written, r.new_chunk_bytes, r.manifest_bytes
+                ),
+            )
+        };
+        let stores: Vec<String> = stores();
+        if stores.iter().any(|s| s == "local") {
+            let b = self.row("local", "B", "snapshot");
+            check(
+                "local",
+                "B snapshot <= 1.5x tar -cf",
+                b.map(|r| (r.ratio <= 1.5, format!("{:.2}x", r.ratio))),
+            );
+            let c = self.row("local", "C", "snapshot");
+            check(
+                "local",
+                "C <= 30 ms",
+                c.map(|r| (r.ours_ms <= 30.0, format!("{:.1} ms", r.ours_ms))),
+            );
+            check(
+                "local",
+                "C bytes <= 2x (changed chunk + manifest)",
+                c.map(c_bytes),
+            );
+            check("local", "E snapshot peak RSS <= 64 MiB", rss_e("local"));
+        }
+        if stores.iter().any(|s| s == "s3") {
+            let b = self.row("s3", "B", "snapshot");
+            check(
+                "s3",
+                "B snapshot <= 1.3x floor",
+                b.map(|r| (r.ratio <= 1.3, format!("{:.2}x", r.ratio))),
+            );
+            let c = self.row("s3", "C", "snapshot");
+            check(
+                "s3",
+                "C <= 50 ms",
+                c.map(|r| (r.ours_ms <= 50.0, format!("{:.1} ms", r.ours_ms))),
+            );
+            check(
+                "s3",
+                "C bytes <= 2x (changed chunk + manifest)",
+                c.map(c_bytes),
+            );
+            let d = self.row("s3", "D", "snapshot");
+            check(
+                "s3",
+                "D <= 10 ms with zero write requests",
+                d.map(|r| {
+                    let writes = r.requests.puts + r.requests.deletes;
+                    (
+                        r.ours_ms <= 10.0 && writes == 0,
+                        format!("{:.1} ms, {writes} writes", r.ours_ms),
+                    )
+                }),
+            );
+            let a = self.row("s3", "A", "restore");
+            check(
+                "s3",
+                "A restore <= 1.5x floor",
+                a.map(|r| (r.ratio <= 1.5, format!("{:.2}x", r.ratio))),
+            );
+            check("s3", "E snapshot peak RSS <= 64 MiB", rss_e("s3"));
+        }
+        if stores.iter().any(|s| s == "redis") {
+            out.push((
+                "redis".into(),
+                "(the issue sets no Redis targets: see the ratios above)".into(),
+                String::new(),
+            ));
+        }
+        out
+    }
 }
 
-/// The formats to measure: both, or the one named by `SANDBOX_BENCH_FORMAT` (`tar`, `chunked`).
-fn formats() -> Vec<SnapshotFormat> {
+/// Whether `r` is measured against its store's primary floor (the extra local baselines,
+/// `tar -cf && sync` and `tar -c | sha256sum`, are in the full table only).
+fn primary(r: &Row) -> bool {
+    r.baseline != "tar -cf && sync" && r.baseline != "tar -c | sha256sum"
+}
+
+/// The formats to measure on `store`: the one named by `SANDBOX_BENCH_FORMAT` (`tar`,
+/// `chunked`), else both on the local store and the chunked one on S3 and Redis.
+fn formats(store: &str) -> Vec<SnapshotFormat> {
     match std::env::var("SANDBOX_BENCH_FORMAT").as_deref() {
         Ok("tar") => vec![SnapshotFormat::Tar],
         Ok("chunked") => vec![SnapshotFormat::Chunked],
-        _ => vec![SnapshotFormat::Tar, SnapshotFormat::Chunked],
+        _ if store == "local" => vec![SnapshotFormat::Tar, SnapshotFormat::Chunked],
+        _ => vec![SnapshotFormat::Chunked],
     }
 }
 
@@ -454,24 +821,86 @@ fn client_and_key(root: &Path, name: &str) -> (LocalClient, IsolationKey) {
     (client, key)
 }
 
-/// The store the bench runs on, from `SANDBOX_BENCH_STORE` (default `local`).
+/// The stores to measure, from `SANDBOX_BENCH_STORES` (comma list; default `local`).
+fn stores() -> Vec<String> {
+    let list = std::env::var("SANDBOX_BENCH_STORES").unwrap_or_else(|_| "local".into());
+    let stores: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    for s in &stores {
+        assert!(
+            ["local", "s3", "redis"].contains(&s.as_str()),
+            "SANDBOX_BENCH_STORES: unknown store `{s}` (have local, s3, redis)"
+        );
+    }
+    assert!(!stores.is_empty(), "SANDBOX_BENCH_STORES names no store");
+    stores
+}
+
+/// The store a child measures: `SANDBOX_BENCH_STORE`, set by the driver.
 fn store_kind() -> String {
     std::env::var("SANDBOX_BENCH_STORE").unwrap_or_else(|_| "local".into())
 }
 
-/// The one place the bench builds its snapshot store (one per format, so each format's data
-/// is measured apart); other stores (S3, Redis) plug in here.
-fn make_store(root: &Path, format: SnapshotFormat) -> Arc<dyn SnapshotStore> {
-    match store_kind().as_str() {
+#[cfg(any(feature = "s3", feature = "redis"))]
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the snapshot bench with `cargo xtask bench snapshot`")
+    })
+}
+
+/// The one place the bench builds its snapshot store (one per store and format, so each
+/// format's data is measured apart). Call inside a tokio runtime (Redis connects in one).
+fn make_store(root: &Path, store: &str, format: SnapshotFormat) -> Arc<dyn SnapshotStore> {
+    let fmt = format_name(format);
+    match store {
         "local" => Arc::new(LocalDirSnapshotStore::new(
-            root.join(format!("store-{}", format_name(format))),
+            root.join(format!("store-{fmt}")),
         )),
-        other => panic!("snapshot bench: store `{other}` is not supported yet (local)"),
+        #[cfg(feature = "s3")]
+        "s3" => {
+            let s = s3_config()
+                .prefix(format!("bench-{fmt}"))
+                .build()
+                .expect("the S3 store");
+            let _ = S3_STORE.set(s.clone());
+            Arc::new(s)
+        }
+        #[cfg(feature = "redis")]
+        "redis" => Arc::new(
+            sandbox_harness::redis_snapshots::RedisSnapshotStore::new(
+                sandbox_harness::redis_snapshots::RedisSnapshotOptions::new(env(
+                    "SANDBOX_BENCH_REDIS_URL",
+                ))
+                .key_prefix(format!("bench:{fmt}:")),
+            )
+            .expect("the Redis store"),
+        ),
+        other => panic!(
+            "snapshot bench: store `{other}` is not built in (features `s3`, `redis`; \
+             `cargo xtask bench snapshot` enables them)"
+        ),
     }
 }
 
+/// The S3 server `cargo xtask bench snapshot` started, with the store's default options.
+#[cfg(feature = "s3")]
+fn s3_config() -> sandbox_harness::s3::S3Config {
+    sandbox_harness::s3::S3Config::new(env("SANDBOX_BENCH_S3_BUCKET"))
+        .endpoint(env("SANDBOX_BENCH_S3_ENDPOINT"))
+        .region("us-east-1")
+        .credentials(
+            env("SANDBOX_BENCH_S3_ACCESS_KEY"),
+            env("SANDBOX_BENCH_S3_SECRET_KEY"),
+        )
+        .allow_http(true)
+}
+
 fn spec_for(root: &Path, format: SnapshotFormat) -> (SnapshotSpec, Arc<CountingStore>) {
-    let counting = Arc::new(CountingStore::new(make_store(root, format)));
+    let counting = Arc::new(CountingStore::new(make_store(root, &store_kind(), format)));
     let mut spec = SnapshotSpec::new(counting.clone()).format(format);
     if let Some(bytes) = std::env::var("SANDBOX_BENCH_PACK_SIZE")
         .ok()
@@ -505,6 +934,7 @@ fn child(args: &[String]) {
         parse_format(&args[3]),
     );
     let rt = runtime();
+    let _enter = rt.enter();
     let (spec, counting) = spec_for(root, format);
     let result = rt.block_on(async {
         let (client, key) = client_and_key(root, name);
@@ -524,13 +954,26 @@ fn child(args: &[String]) {
                     )),
                     None => None,
                 };
+                let parent_chunks: Option<std::collections::HashSet<String>> = parent
+                    .as_ref()
+                    .map(|(_, m)| chunk_hashes(m).into_keys().collect());
                 let request = TakeRequest::new(key.digest()).parent(parent);
                 let out = snapshot::take(&*handle, &spec, request)
                     .await
                     .expect("take");
                 let ms = ms(started.elapsed());
                 let requests = counting.counts();
+                let http_requests = http_requests();
                 save_ref(root, &key, &out.snapshot);
+                // After the measurement: the chunks new since the parent.
+                let new_chunk_bytes = match parent_chunks {
+                    Some(old) if !out.unchanged => chunk_hashes(&out.manifest)
+                        .into_iter()
+                        .filter(|(h, _)| !old.contains(h))
+                        .map(|(_, len)| len)
+                        .sum(),
+                    _ => 0,
+                };
                 ChildResult {
                     ms,
                     bytes_written: out.bytes_written,
@@ -542,8 +985,10 @@ fn child(args: &[String]) {
                     } else {
                         out.snapshot.manifest_size
                     },
+                    new_chunk_bytes,
                     snapshot: Some(out.snapshot.id),
                     requests,
+                    http_requests,
                 }
             }
             "restore" => {
@@ -566,9 +1011,11 @@ fn child(args: &[String]) {
                     .expect("restore");
                 let ms = ms(started.elapsed());
                 let requests = counting.counts();
+                let http_requests = http_requests();
                 handle.destroy().await.expect("destroy");
                 ChildResult {
                     requests,
+                    http_requests,
                     ..ChildResult::timed(ms)
                 }
             }
@@ -580,6 +1027,15 @@ fn child(args: &[String]) {
         ..result
     };
     println!("{}", serde_json::to_string(&result).expect("json"));
+}
+
+/// Every chunk a manifest references, with its length.
+fn chunk_hashes(m: &snapshot::Manifest) -> std::collections::HashMap<String, u64> {
+    m.entries
+        .iter()
+        .flat_map(|e| e.chunks.iter())
+        .map(|c| (c.hash.clone(), c.len))
+        .collect()
 }
 
 /// Snapshot references are kept as JSON files beside the store, as a state store would keep
@@ -678,4 +1134,260 @@ fn poke(path: &Path, offset: u64, data: &[u8]) {
         .expect("open");
     f.seek(SeekFrom::Start(offset)).expect("seek");
     f.write_all(data).expect("write");
+}
+
+/// A same-run floor on a remote store: `tar -c` of the tree moved with the service's plain
+/// operations, and moved back into `tar -x`.
+#[cfg(any(feature = "s3", feature = "redis"))]
+enum Floor {
+    /// One streamed upload through `object_store` (parts of the store's part size, as many in
+    /// flight as the store), one streamed download.
+    #[cfg(feature = "s3")]
+    S3 {
+        store: Arc<dyn sandbox_harness::s3::object_store::ObjectStore>,
+        part: usize,
+        in_flight: usize,
+    },
+    /// Parts of the store's part size written with `SET`s, as many in flight as the store
+    /// (pipelined on one multiplexed connection), read back with `GET`s the same way.
+    #[cfg(feature = "redis")]
+    Redis {
+        client: redis::Client,
+        part: usize,
+        in_flight: usize,
+        /// Parts written per workload.
+        parts: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    },
+}
+
+#[cfg(any(feature = "s3", feature = "redis"))]
+impl Floor {
+    /// Call inside a tokio runtime.
+    fn new(store: &str) -> Floor {
+        match store {
+            #[cfg(feature = "s3")]
+            "s3" => {
+                let s = s3_config().build().expect("the S3 floor's store");
+                Floor::S3 {
+                    store: s.object_store().clone(),
+                    part: s.options().part_size,
+                    in_flight: s.options().max_parts_in_flight,
+                }
+            }
+            #[cfg(feature = "redis")]
+            "redis" => {
+                let defaults = sandbox_harness::redis_snapshots::RedisSnapshotOptions::default();
+                Floor::Redis {
+                    client: redis::Client::open(env("SANDBOX_BENCH_REDIS_URL"))
+                        .expect("the Redis URL"),
+                    part: defaults.part_size,
+                    in_flight: defaults.parts_in_flight,
+                    parts: Default::default(),
+                }
+            }
+            other => panic!("no floor for store `{other}` in this build"),
+        }
+    }
+
+    /// The baselines' names: (snapshot, restore).
+    fn names(&self) -> (&'static str, &'static str) {
+        match self {
+            #[cfg(feature = "s3")]
+            Floor::S3 { .. } => ("tar -c | s3 upload", "s3 get | tar -x"),
+            #[cfg(feature = "redis")]
+            Floor::Redis { .. } => ("tar -c | redis SETs", "redis GETs | tar -x"),
+        }
+    }
+
+    #[cfg(feature = "s3")]
+    fn path(name: &str) -> sandbox_harness::s3::object_store::path::Path {
+        sandbox_harness::s3::object_store::path::Path::from(format!("floor/{name}.tar"))
+    }
+
+    /// `tar -c` of `ws` into the store; milliseconds.
+    async fn upload(&self, ws: &Path, name: &str) -> f64 {
+        let started = Instant::now();
+        let mut tar = tokio::process::Command::new("tar")
+            .arg("-cf")
+            .arg("-")
+            .arg("-C")
+            .arg(ws)
+            .arg(".")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run tar");
+        let mut out = tar.stdout.take().expect("piped");
+        match self {
+            #[cfg(feature = "s3")]
+            Floor::S3 {
+                store,
+                part,
+                in_flight,
+            } => {
+                let mut w = sandbox_harness::s3::object_store::buffered::BufWriter::with_capacity(
+                    store.clone(),
+                    Floor::path(name),
+                    *part,
+                )
+                .with_max_concurrency(*in_flight);
+                loop {
+                    let piece = read_piece(&mut out, *part).await;
+                    if piece.is_empty() {
+                        break;
+                    }
+                    w.put(piece).await.expect("s3 floor upload");
+                }
+                w.shutdown().await.expect("s3 floor: complete the upload");
+            }
+            #[cfg(feature = "redis")]
+            Floor::Redis {
+                client,
+                part,
+                in_flight,
+                parts,
+            } => {
+                let conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect to Redis");
+                let part = *part;
+                let written = futures::stream::unfold(out, move |mut out| async move {
+                    let piece = read_piece(&mut out, part).await;
+                    (!piece.is_empty()).then_some((piece, out))
+                })
+                .enumerate()
+                .map(|(n, piece)| {
+                    let mut c = conn.clone();
+                    let key = format!("floor:{name}:{n}");
+                    async move {
+                        redis::cmd("SET")
+                            .arg(key)
+                            .arg(&piece[..])
+                            .query_async::<()>(&mut c)
+                            .await
+                    }
+                })
+                .buffer_unordered(*in_flight)
+                .try_fold(0usize, |n, ()| async move { Ok(n + 1) })
+                .await
+                .expect("redis floor SET");
+                parts
+                    .lock()
+                    .expect("parts")
+                    .insert(name.to_owned(), written);
+                let status = tar.wait().await.expect("tar");
+                assert!(status.success(), "tar -c: {status}");
+                return ms(started.elapsed());
+            }
+        }
+        let status = tar.wait().await.expect("tar");
+        assert!(status.success(), "tar -c: {status}");
+        ms(started.elapsed())
+    }
+
+    /// What [`upload`](Self::upload) wrote for `name`, into `tar -x` in `dir`; milliseconds.
+    async fn download(&self, name: &str, dir: &Path) -> f64 {
+        let started = Instant::now();
+        let mut tar = tokio::process::Command::new("tar")
+            .arg("-xf")
+            .arg("-")
+            .arg("-C")
+            .arg(dir)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("run tar");
+        let mut stdin = tar.stdin.take().expect("piped");
+        match self {
+            #[cfg(feature = "s3")]
+            Floor::S3 { store, .. } => {
+                use sandbox_harness::s3::object_store::ObjectStoreExt as _;
+                let mut body = store
+                    .get(&Floor::path(name))
+                    .await
+                    .expect("s3 floor get")
+                    .into_stream();
+                while let Some(piece) = body.next().await {
+                    stdin
+                        .write_all(&piece.expect("s3 floor read"))
+                        .await
+                        .expect("feed tar");
+                }
+            }
+            #[cfg(feature = "redis")]
+            Floor::Redis {
+                client,
+                in_flight,
+                parts,
+                ..
+            } => {
+                let n = parts.lock().expect("parts")[name];
+                let conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect to Redis");
+                let mut pieces = futures::stream::iter(0..n)
+                    .map(|i| {
+                        let mut c = conn.clone();
+                        async move {
+                            redis::cmd("GET")
+                                .arg(format!("floor:{name}:{i}"))
+                                .query_async::<Vec<u8>>(&mut c)
+                                .await
+                        }
+                    })
+                    .buffered(*in_flight);
+                while let Some(piece) = pieces.next().await {
+                    stdin
+                        .write_all(&piece.expect("redis floor GET"))
+                        .await
+                        .expect("feed tar");
+                }
+            }
+        }
+        drop(stdin);
+        let status = tar.wait().await.expect("tar");
+        assert!(status.success(), "tar -x: {status}");
+        ms(started.elapsed())
+    }
+
+    /// Remove what [`upload`](Self::upload) wrote for `name`.
+    async fn clear(&self, name: &str) {
+        match self {
+            #[cfg(feature = "s3")]
+            Floor::S3 { store, .. } => {
+                use sandbox_harness::s3::object_store::ObjectStoreExt as _;
+                store
+                    .delete(&Floor::path(name))
+                    .await
+                    .expect("s3 floor delete");
+            }
+            #[cfg(feature = "redis")]
+            Floor::Redis { client, parts, .. } => {
+                let n = parts.lock().expect("parts").remove(name).unwrap_or(0);
+                let mut c = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect to Redis");
+                for i in 0..n {
+                    redis::cmd("DEL")
+                        .arg(format!("floor:{name}:{i}"))
+                        .query_async::<()>(&mut c)
+                        .await
+                        .expect("redis floor DEL");
+                }
+            }
+        }
+    }
+}
+
+/// Up to `n` bytes from `r` (fewer only at its end; empty at its end).
+#[cfg(any(feature = "s3", feature = "redis"))]
+async fn read_piece(r: &mut (impl tokio::io::AsyncRead + Unpin), n: usize) -> bytes::Bytes {
+    let mut buf = bytes::BytesMut::with_capacity(n);
+    while buf.len() < n {
+        if r.read_buf(&mut buf).await.expect("read tar's output") == 0 {
+            break;
+        }
+    }
+    buf.freeze()
 }
