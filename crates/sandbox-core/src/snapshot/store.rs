@@ -310,11 +310,17 @@ impl SnapshotStore for LocalDirSnapshotStore {
         // produces; every `WRITEBACK_EVERY` bytes it asks the kernel to start writing back
         // what it has so far, so the final fsync has little left to wait for.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+        // Created here, not in the writer, so a put dropped at any point leaves no file the
+        // guard has already missed.
+        let mut file = tokio::fs::File::create(&tmp)
+            .await
+            .map_err(|e| Error::io(&tmp, e))?
+            .into_std()
+            .await;
         let file_path = tmp.clone();
         let writer = tokio::task::spawn_blocking(move || -> Result<(std::fs::File, u64)> {
             use std::io::Write as _;
             let io = |e| Error::io(&file_path, e);
-            let mut file = std::fs::File::create(&file_path).map_err(io)?;
             let (mut n, mut started) = (0u64, 0u64);
             while let Some(chunk) = rx.blocking_recv() {
                 file.write_all(&chunk).map_err(io)?;
@@ -598,6 +604,31 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "temporary left behind: {names:?}");
+    }
+
+    #[tokio::test]
+    async fn dropped_put_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirSnapshotStore::new(dir.path());
+        let key = BlobKey::new("k").unwrap();
+        // 9 MiB (past two write-back requests), then the input stalls.
+        let stalling: ByteStream = Box::pin(
+            futures::stream::iter((0..9).map(|_| Ok(bytes::Bytes::from(vec![7u8; 1024 * 1024]))))
+                .chain(futures::stream::pending()),
+        );
+        let put = store.put(&key, stalling, None);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(500), put)
+                .await
+                .is_err(),
+            "a stalled put cannot finish"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(names.is_empty(), "left behind: {names:?}");
+        assert!(!store.exists(&key).await.unwrap());
     }
 
     #[tokio::test]
