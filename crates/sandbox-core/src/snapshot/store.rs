@@ -10,7 +10,6 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncWriteExt;
 
 use crate::error::{Error, Result};
 use crate::reach::Reach;
@@ -226,6 +225,33 @@ pub struct LocalDirSnapshotStore {
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// How many bytes a local `put` writes between asking the kernel to start writing back.
+const WRITEBACK_EVERY: u64 = 4 << 20;
+
+/// Ask the kernel to start writing `len` bytes of `file` from `offset` to disk now, without
+/// waiting. On Linux `POSIX_FADV_DONTNEED` starts write-back of the range's dirty pages (and
+/// drops only pages already clean); it is a hint, so its failure is ignored: the fsync that
+/// follows is what makes the data durable.
+fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
+    let _ = rustix::fs::fadvise(
+        file,
+        offset,
+        std::num::NonZeroU64::new(len),
+        rustix::fs::Advice::DontNeed,
+    );
+}
+
+/// A temporary file removed when dropped, unless disarmed (`.0 = None`) after its rename.
+struct TmpGuard(Option<PathBuf>);
+
+impl Drop for TmpGuard {
+    fn drop(&mut self) {
+        if let Some(tmp) = self.0.take() {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+}
+
 impl LocalDirSnapshotStore {
     /// A store rooted at `dir` (created on first write).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
@@ -277,34 +303,72 @@ impl SnapshotStore for LocalDirSnapshotStore {
             TMP_SEQ.fetch_add(1, Ordering::Relaxed),
             path.file_name().and_then(|n| n.to_str()).unwrap_or("blob")
         ));
-        let result: Result<u64> = async {
-            let mut file = tokio::fs::File::create(&tmp)
-                .await
-                .map_err(|e| Error::io(&tmp, e))?;
-            let mut n = 0u64;
-            while let Some(chunk) = data.next().await {
-                let chunk = chunk?;
-                file.write_all(&chunk)
-                    .await
-                    .map_err(|e| Error::io(&tmp, e))?;
+        // Removes the temporary file on every way out but success, a dropped put included.
+        let mut guard = TmpGuard(Some(tmp.clone()));
+        // The file is written by a blocking task fed the stream's buffers as they are (no copy
+        // into an async file's buffer, no task per write), so the disk works while the stream
+        // produces; every `WRITEBACK_EVERY` bytes it asks the kernel to start writing back
+        // what it has so far, so the final fsync has little left to wait for.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+        // Created here, not in the writer, so a put dropped at any point leaves no file the
+        // guard has already missed.
+        let mut file = tokio::fs::File::create(&tmp)
+            .await
+            .map_err(|e| Error::io(&tmp, e))?
+            .into_std()
+            .await;
+        let file_path = tmp.clone();
+        let writer = tokio::task::spawn_blocking(move || -> Result<(std::fs::File, u64)> {
+            use std::io::Write as _;
+            let io = |e| Error::io(&file_path, e);
+            let (mut n, mut started) = (0u64, 0u64);
+            while let Some(chunk) = rx.blocking_recv() {
+                file.write_all(&chunk).map_err(io)?;
                 n += chunk.len() as u64;
+                if n - started >= WRITEBACK_EVERY {
+                    start_writeback(&file, started, n - started);
+                    started = n;
+                }
             }
-            file.sync_all().await.map_err(|e| Error::io(&tmp, e))?;
+            Ok((file, n))
+        });
+        let mut failed = None;
+        while let Some(chunk) = data.next().await {
+            match chunk {
+                // A closed channel: the writer failed; its error is awaited below.
+                Ok(chunk) => {
+                    if tx.send(chunk).await.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let written = writer
+            .await
+            .map_err(|e| Error::backend("local", "blob write", e.to_string()))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let (file, n) = written?;
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            file.sync_all().map_err(|e| Error::io(&tmp, e))?;
             drop(file);
-            tokio::fs::rename(&tmp, &path)
-                .await
-                .map_err(|e| Error::io(&path, e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
             // Make the rename itself durable.
-            if let Ok(d) = tokio::fs::File::open(&parent).await {
-                let _ = d.sync_all().await;
+            if let Ok(d) = std::fs::File::open(&parent) {
+                let _ = d.sync_all();
             }
-            Ok(n)
-        }
-        .await;
-        if result.is_err() {
-            let _ = tokio::fs::remove_file(&tmp).await;
-        }
-        result
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::backend("local", "blob write", e.to_string()))??;
+        guard.0 = None;
+        Ok(n)
     }
 
     async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
@@ -540,6 +604,31 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "temporary left behind: {names:?}");
+    }
+
+    #[tokio::test]
+    async fn dropped_put_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirSnapshotStore::new(dir.path());
+        let key = BlobKey::new("k").unwrap();
+        // 9 MiB (past two write-back requests), then the input stalls.
+        let stalling: ByteStream = Box::pin(
+            futures::stream::iter((0..9).map(|_| Ok(bytes::Bytes::from(vec![7u8; 1024 * 1024]))))
+                .chain(futures::stream::pending()),
+        );
+        let put = store.put(&key, stalling, None);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(500), put)
+                .await
+                .is_err(),
+            "a stalled put cannot finish"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(names.is_empty(), "left behind: {names:?}");
+        assert!(!store.exists(&key).await.unwrap());
     }
 
     #[tokio::test]
