@@ -45,8 +45,11 @@ use crate::stream::{self, ByteStream};
 /// Largest bundle accepted on restore (bundles were written up to the maximum chunk size).
 const MAX_BUNDLE: usize = 64 << 20;
 
-/// Packs being uploaded at once by one snapshot.
-const PACKS_IN_FLIGHT: usize = 4;
+/// Packs being uploaded at once by one snapshot. A store may hold a whole pack in memory
+/// before it sends it (S3 sends a blob of unknown length up to 16 MiB as one `PUT`), so this
+/// times `pack_size` bounds a snapshot's upload memory: with 4, a 100 MiB snapshot to S3 peaked
+/// at 81 MiB RSS, with 2 at 50 MiB (`cargo xtask bench snapshot B --store s3`).
+const PACKS_IN_FLIGHT: usize = 2;
 
 /// What the chunker learned about one exported file.
 struct FileChunks {
