@@ -176,7 +176,17 @@ impl PackWriter {
     }
 
     /// Append one chunk; returns where it will be. Blocks while the pack's upload is behind.
+    /// A pack never grows past its target (unless one chunk alone does): a chunk that would
+    /// take it over starts the next one, so a store that sends blobs up to a limit in one
+    /// request (S3: 16 MiB) sends each full pack in one.
     fn append(&mut self, data: Bytes) -> Result<(PackId, u64)> {
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|open| open.len > 0 && open.len + data.len() as u64 > self.target)
+        {
+            self.open = None; // sealed: the closed channel ends that pack's stream
+        }
         if self.open.is_none() {
             self.open = Some(self.start());
         }
@@ -823,5 +833,71 @@ impl Read for PieceReader<'_> {
         buf[..n].copy_from_slice(&self.current[..n]);
         self.current = self.current.slice(n..);
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{LocalDirSnapshotStore, SnapshotStore};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn packs_stay_within_their_target() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn SnapshotStore> = Arc::new(LocalDirSnapshotStore::new(dir.path()));
+        let target = 1000u64;
+        let lens = [300usize, 300, 300, 300, 1500, 10, 990, 5];
+        let (puts, placed) = tokio::task::spawn_blocking({
+            let store = store.clone();
+            move || {
+                let mut packs = PackWriter::new(store, target);
+                let placed: Vec<(PackId, u64)> = lens
+                    .iter()
+                    .map(|&n| packs.append(Bytes::from(vec![7u8; n])).expect("append"))
+                    .collect();
+                (packs.finish(true), placed)
+            }
+        })
+        .await
+        .expect("writer");
+        for put in puts {
+            put.await.expect("join").expect("put");
+        }
+        // Chunks by pack, in order, each starting where the previous one ended.
+        let mut by_pack: Vec<(PackId, Vec<usize>)> = Vec::new();
+        for (&(id, offset), &n) in placed.iter().zip(&lens) {
+            match by_pack.last_mut() {
+                Some((last, chunks)) if *last == id => {
+                    assert_eq!(offset, chunks.iter().sum::<usize>() as u64);
+                    chunks.push(n);
+                }
+                _ => {
+                    assert_eq!(offset, 0, "a new pack starts at 0");
+                    by_pack.push((id, vec![n]));
+                }
+            }
+        }
+        let sizes: Vec<Vec<usize>> = by_pack.iter().map(|(_, c)| c.clone()).collect();
+        assert_eq!(
+            sizes,
+            [
+                vec![300, 300, 300],
+                vec![300],
+                vec![1500],
+                vec![10, 990],
+                vec![5]
+            ],
+            "a chunk that would pass the target starts the next pack"
+        );
+        for (id, chunks) in &by_pack {
+            let total: usize = chunks.iter().sum();
+            assert!(total as u64 <= target || chunks.len() == 1, "{chunks:?}");
+            let stored =
+                crate::snapshot::SnapshotStoreExt::list_all(&*store, &id.key().to_string())
+                    .await
+                    .expect("list");
+            assert_eq!(stored.len(), 1);
+            assert_eq!(stored[0].size, total as u64);
+        }
     }
 }
