@@ -141,8 +141,9 @@ pub struct SnapshotSpec {
     /// glibc's per-thread arenas, about as much again): the default 2 keeps a restore of a
     /// 1 GiB workspace near 50 MiB RSS; raise it for stores with high latency. Default 2.
     pub restore_prefetch: usize,
-    /// Target size of a pack in the chunked format: a pack is sealed once it holds this many
-    /// bytes (or [`pack::MAX_PACK_CHUNKS`] chunks). Default [`DEFAULT_PACK_SIZE`].
+    /// Target size of a pack in the chunked format: a pack holds at most this many bytes (a
+    /// chunk that would take it over starts the next pack; a single larger chunk is a pack of
+    /// its own) and at most [`pack::MAX_PACK_CHUNKS`] chunks. Default [`DEFAULT_PACK_SIZE`].
     pub pack_size: u64,
 }
 
