@@ -90,9 +90,10 @@ struct Live {
     /// `Replace` import may extract straight into it.
     fresh: bool,
     host_ports: BTreeMap<String, u16>,
-    /// File sizes from the last listing (a stop lists, then exports what changed): what an
-    /// export of a path list weighs in choosing its downloads. Only a cost estimate, never
-    /// trusted for content.
+    /// File sizes from the last listing (a stop lists, then exports what changed): what the
+    /// next export of a path list weighs in choosing its downloads, then dropped (a box does not
+    /// hold its workspace's listing between calls). Only a cost estimate, never trusted for
+    /// content.
     sizes: Option<Arc<BTreeMap<RelPath, u64>>>,
 }
 
@@ -895,7 +896,8 @@ impl BoxHandle for DockerBox {
         // holding them all, filtered here to the list (one engine archive call however many
         // files; the engine sets up the container's filesystem for every archive call, about
         // 45 ms, so a download per file is what made a first snapshot slow).
-        let sizes = self.live().sizes.clone();
+        // Taken, not kept: the listing is only held between a stop's listing and its export.
+        let sizes = self.live().sizes.take();
         let downloads = match plan_export(&paths, sizes.as_deref()) {
             ExportPlan::EachPath => paths
                 .iter()
