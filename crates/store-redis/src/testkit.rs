@@ -222,3 +222,38 @@ impl Drop for Server {
         self.kill();
     }
 }
+
+/// A raw connection, to plant or inspect keys behind a store's back. Panics when Redis does
+/// not answer (a test helper).
+pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connection")
+}
+
+/// Every key under `prefix`, sorted (`SCAN`, as the stores do; never `KEYS`).
+pub async fn keys_under(url: &str, prefix: &str) -> Vec<String> {
+    let mut c = raw(url).await;
+    let mut cursor = 0u64;
+    let mut out = Vec::new();
+    loop {
+        let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut c)
+            .await
+            .expect("SCAN");
+        out.extend(names);
+        if next == 0 {
+            out.sort();
+            out.dedup();
+            return out;
+        }
+        cursor = next;
+    }
+}

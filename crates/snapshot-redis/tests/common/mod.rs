@@ -108,39 +108,8 @@ pub fn on_redis(options: fn() -> RedisSnapshotOptions) -> OnStore<LocalFixture> 
     }
 }
 
-/// A raw connection, to look at keys behind the store's back.
-pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
-/// Every key under `prefix`, sorted (`SCAN`).
-pub async fn keys(url: &str, prefix: &str) -> Vec<String> {
-    let mut c = raw(url).await;
-    let mut cursor = 0u64;
-    let mut out = Vec::new();
-    loop {
-        let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        out.extend(names);
-        if next == 0 {
-            out.sort();
-            out.dedup();
-            return out;
-        }
-        cursor = next;
-    }
-}
+#[allow(unused_imports)] // not every test binary uses both
+pub use store_redis::testkit::{keys_under as keys, raw};
 
 /// The metadata listing's view of a blob, for tests that compare.
 pub fn sizes(listed: &[BlobMeta]) -> Vec<(String, u64)> {

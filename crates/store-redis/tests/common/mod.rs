@@ -24,36 +24,5 @@ where
     }
 }
 
-/// A raw connection to plant or inspect keys behind the stores' back.
-pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
-/// Every key under `prefix` (`SCAN`, as the stores do; never `KEYS`).
-pub async fn keys_under(url: &str, prefix: &str) -> Vec<String> {
-    let mut c = raw(url).await;
-    let mut cursor = 0u64;
-    let mut out = Vec::new();
-    loop {
-        let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        out.extend(names);
-        if next == 0 {
-            out.sort();
-            out.dedup();
-            return out;
-        }
-        cursor = next;
-    }
-}
+#[allow(unused_imports)] // not every test binary uses both
+pub use store_redis::testkit::{keys_under, raw};
