@@ -14,8 +14,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
-use sandbox_core::beneath::{Dir, Follow, Kind};
 use sandbox_core::RelPath;
+use sandbox_core::beneath::{Dir, Follow, Kind};
 use tokio::io::AsyncWriteExt as _;
 
 use crate::paths::Target;
@@ -169,7 +169,12 @@ impl Pending {
 /// write, or a body that ends in an error, leaves the destination as it was.
 ///
 /// Writing over a directory fails with `EISDIR`.
-pub async fn write_atomic<S, E>(base: Arc<Base>, rel: RelPath, mode: u32, body: S) -> io::Result<u64>
+pub async fn write_atomic<S, E>(
+    base: Arc<Base>,
+    rel: RelPath,
+    mode: u32,
+    body: S,
+) -> io::Result<u64>
 where
     S: Stream<Item = Result<Bytes, E>>,
     E: std::error::Error + Send + Sync + 'static,
@@ -178,7 +183,9 @@ where
         let (parent, name) = base.dir.parent_of(&rel, Follow::Beneath, true)?;
         match parent.entry_metadata(name) {
             Ok(meta) if meta.is_dir() => {
-                return Err(io::Error::from_raw_os_error(rustix::io::Errno::ISDIR.raw_os_error()));
+                return Err(io::Error::from_raw_os_error(
+                    rustix::io::Errno::ISDIR.raw_os_error(),
+                ));
             }
             _ => {}
         }
@@ -262,7 +269,9 @@ pub fn delete(base: &Base, target: &Target, recursive: bool) -> Result<(), Delet
             }
             for entry in base.dir.entries()? {
                 let Some(name) = entry.name.to_str() else {
-                    return Err(io::Error::other("a name in the base directory is not UTF-8").into());
+                    return Err(
+                        io::Error::other("a name in the base directory is not UTF-8").into(),
+                    );
                 };
                 base.dir.remove_all(name)?;
             }

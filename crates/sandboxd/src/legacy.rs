@@ -107,9 +107,14 @@ impl ExecuteResponse {
     }
 }
 
-async fn execute(State(base): State<Arc<Base>>, axum::Json(request): axum::Json<ExecuteRequest>) -> axum::Json<ExecuteResponse> {
+async fn execute(
+    State(base): State<Arc<Base>>,
+    axum::Json(request): axum::Json<ExecuteRequest>,
+) -> axum::Json<ExecuteResponse> {
     let limit = match request.timeout_seconds {
-        Some(s) if s.is_finite() && s > 0.0 => Duration::try_from_secs_f64(s).unwrap_or(EXECUTE_TIMEOUT),
+        Some(s) if s.is_finite() && s > 0.0 => {
+            Duration::try_from_secs_f64(s).unwrap_or(EXECUTE_TIMEOUT)
+        }
         _ => EXECUTE_TIMEOUT,
     };
     axum::Json(run(&base, &request.command, limit).await)
@@ -135,7 +140,10 @@ async fn run(base: &Base, command: &str, limit: Duration) -> ExecuteResponse {
         Ok(child) => child,
         Err(e) => return ExecuteResponse::failed(e),
     };
-    let pgid = child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
+    let pgid = child
+        .id()
+        .and_then(|p| i32::try_from(p).ok())
+        .map(Pid::from_raw);
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
@@ -160,13 +168,18 @@ async fn run(base: &Base, command: &str, limit: Duration) -> ExecuteResponse {
     }
     let exit_code = match result {
         // As Python's `returncode`: the exit status, or `-n` for a kill by signal `n`.
-        Ok(Ok(status)) => status.code().unwrap_or_else(|| -status.signal().unwrap_or(1)),
+        Ok(Ok(status)) => status
+            .code()
+            .unwrap_or_else(|| -status.signal().unwrap_or(1)),
         Ok(Err(e)) => return ExecuteResponse::failed(e),
         Err(_) => TIMED_OUT_EXIT_CODE,
     };
     let mut stderr = String::from_utf8_lossy(&err).into_owned();
     if timed_out {
-        stderr.push_str(&format!("Command timed out after {} seconds", limit.as_secs_f64()));
+        stderr.push_str(&format!(
+            "Command timed out after {} seconds",
+            limit.as_secs_f64()
+        ));
     }
     ExecuteResponse {
         stdout: String::from_utf8_lossy(&out).into_owned(),
@@ -187,7 +200,12 @@ async fn upload(State(base): State<Arc<Base>>, mut form: Multipart) -> Response 
                 )
                     .into_response();
             }
-            Err(e) => return message(StatusCode::BAD_REQUEST, &format!("invalid multipart body: {e}")),
+            Err(e) => {
+                return message(
+                    StatusCode::BAD_REQUEST,
+                    &format!("invalid multipart body: {e}"),
+                );
+            }
         };
         if field.name() != Some("file") {
             continue;
@@ -196,14 +214,23 @@ async fn upload(State(base): State<Arc<Base>>, mut form: Multipart) -> Response 
         let rel = match resolve(&base, &filename) {
             Ok(Target::Rel(rel)) => rel,
             Ok(Target::Root) => {
-                return message(StatusCode::INTERNAL_SERVER_ERROR, "File upload failed: the destination is a directory");
+                return message(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "File upload failed: the destination is a directory",
+                );
             }
             Err(denied) => return denied,
         };
         return match files::write_atomic(base.clone(), rel, 0o644, field).await {
-            Ok(_) => message(StatusCode::OK, &format!("File '{filename}' uploaded successfully.")),
+            Ok(_) => message(
+                StatusCode::OK,
+                &format!("File '{filename}' uploaded successfully."),
+            ),
             Err(e) if is_refusal(&e) => access_denied(),
-            Err(e) => message(StatusCode::INTERNAL_SERVER_ERROR, &format!("File upload failed: {e}")),
+            Err(e) => message(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("File upload failed: {e}"),
+            ),
         };
     }
 }
@@ -221,7 +248,10 @@ async fn download(State(base): State<Arc<Base>>, Path(path): Path<String>) -> Re
     match opened {
         Ok(Opened::File(file, len)) => (
             [
-                (header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream")),
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                ),
                 (header::CONTENT_LENGTH, HeaderValue::from(len)),
             ],
             Body::from_stream(files::file_stream(file)),

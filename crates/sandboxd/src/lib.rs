@@ -120,7 +120,9 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Start
 }
 
 fn local(listener: &TcpListener) -> SocketAddr {
-    listener.local_addr().expect("a bound TCP listener has an address")
+    listener
+        .local_addr()
+        .expect("a bound TCP listener has an address")
 }
 
 impl Server {

@@ -126,7 +126,10 @@ mod tests {
 
     #[test]
     fn absolute_paths_rebase_or_must_be_within_the_base() {
-        assert_eq!(resolve("/etc/passwd", Absolute::Rebase).unwrap(), rel("etc/passwd"));
+        assert_eq!(
+            resolve("/etc/passwd", Absolute::Rebase).unwrap(),
+            rel("etc/passwd")
+        );
         assert!(resolve("/../etc", Absolute::Rebase).is_err());
         let base = Absolute::WithinBase(Path::new("/app"));
         assert_eq!(resolve("/app/x/y", base).unwrap(), rel("x/y"));

@@ -137,7 +137,11 @@ impl Processes {
     }
 
     /// Build and spawn `config` in its own process group.
-    fn spawn(&self, config: Option<ProcessConfig>, stdin: Stdio) -> Result<(Child, GroupKill), Status> {
+    fn spawn(
+        &self,
+        config: Option<ProcessConfig>,
+        stdin: Stdio,
+    ) -> Result<(Child, GroupKill), Status> {
         let config = config.ok_or_else(|| Status::invalid_argument("config is required"))?;
         let (program, args) = config
             .command
@@ -274,7 +278,11 @@ async fn collect<R: AsyncRead + Unpin>(pipe: Option<R>, into: &mut Vec<u8>) {
 
 /// Wait for `child` and for `output` (the pipe readers); once the child has exited, give the
 /// readers at most `drain` more.
-async fn wait_all(child: &mut Child, output: impl Future<Output = ()>, drain: Duration) -> std::io::Result<ExitStatus> {
+async fn wait_all(
+    child: &mut Child,
+    output: impl Future<Output = ()>,
+    drain: Duration,
+) -> std::io::Result<ExitStatus> {
     let mut output = std::pin::pin!(output);
     let mut output_done = false;
     let status = tokio::select! {
@@ -349,20 +357,33 @@ impl ProcessService for Processes {
                 Some(Ok(status)) => {
                     kill.disarm();
                     drop(registered);
-                    let _ = tx.send(event(Event::Exit(ExitEvent { exit_code: exit_code(status) }))).await;
+                    let _ = tx
+                        .send(event(Event::Exit(ExitEvent {
+                            exit_code: exit_code(status),
+                        })))
+                        .await;
                 }
                 Some(Err(e)) => {
                     drop(registered);
-                    let _ = tx.send(Err(Status::internal(format!("waiting for the process: {e}")))).await;
+                    let _ = tx
+                        .send(Err(Status::internal(format!(
+                            "waiting for the process: {e}"
+                        ))))
+                        .await;
                 }
                 None => debug!(id, "client gone; process group killed"),
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     #[instrument(skip_all, fields(argv0 = request.get_ref().config.as_ref().and_then(|c| c.command.first()).map(String::as_str)))]
-    async fn execute(&self, request: Request<ExecuteRequest>) -> Result<Response<ExecuteResponse>, Status> {
+    async fn execute(
+        &self,
+        request: Request<ExecuteRequest>,
+    ) -> Result<Response<ExecuteResponse>, Status> {
         let _slot = self.slot()?;
         // If this future is dropped (client cancel, deadline), `kill` SIGKILLs the group.
         let (mut child, kill) = self.spawn(request.into_inner().config, Stdio::null())?;
@@ -385,12 +406,19 @@ impl ProcessService for Processes {
     }
 
     #[instrument(skip_all, fields(id = request.get_ref().process_id))]
-    async fn write_stdin(&self, request: Request<WriteStdinRequest>) -> Result<Response<WriteStdinResponse>, Status> {
+    async fn write_stdin(
+        &self,
+        request: Request<WriteStdinRequest>,
+    ) -> Result<Response<WriteStdinResponse>, Status> {
         let request = request.into_inner();
         let running = self.lookup(request.process_id)?;
         let mut stdin = running.stdin.lock().await;
         match request.payload {
-            None => return Err(Status::invalid_argument("payload (input or eof) is required")),
+            None => {
+                return Err(Status::invalid_argument(
+                    "payload (input or eof) is required",
+                ));
+            }
             Some(Payload::Eof(())) => {
                 if let Some(mut pipe) = stdin.take() {
                     let _ = pipe.shutdown().await;
@@ -403,9 +431,9 @@ impl ProcessService for Processes {
                         request.process_id
                     ))
                 })?;
-                pipe.write_all(&bytes).await.map_err(|e| {
-                    Status::failed_precondition(format!("writing to stdin: {e}"))
-                })?;
+                pipe.write_all(&bytes)
+                    .await
+                    .map_err(|e| Status::failed_precondition(format!("writing to stdin: {e}")))?;
                 pipe.flush()
                     .await
                     .map_err(|e| Status::failed_precondition(format!("writing to stdin: {e}")))?;
@@ -415,7 +443,10 @@ impl ProcessService for Processes {
     }
 
     #[instrument(skip_all, fields(id = request.get_ref().process_id, signal = request.get_ref().signal))]
-    async fn send_signal(&self, request: Request<SendSignalRequest>) -> Result<Response<SendSignalResponse>, Status> {
+    async fn send_signal(
+        &self,
+        request: Request<SendSignalRequest>,
+    ) -> Result<Response<SendSignalResponse>, Status> {
         let request = request.into_inner();
         let signal = match Signal::try_from(request.signal) {
             Ok(Signal::Sigint) => NixSignal::SIGINT,
@@ -439,7 +470,10 @@ impl ProcessService for Processes {
         }
     }
 
-    async fn resize_tty(&self, _request: Request<ResizeTtyRequest>) -> Result<Response<ResizeTtyResponse>, Status> {
+    async fn resize_tty(
+        &self,
+        _request: Request<ResizeTtyRequest>,
+    ) -> Result<Response<ResizeTtyResponse>, Status> {
         Err(Status::unimplemented(
             "PTY processes are not supported by this sandboxd",
         ))

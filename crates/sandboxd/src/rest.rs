@@ -45,10 +45,7 @@ pub fn router(base: Arc<Base>) -> Router {
         started: Instant::now(),
     });
     Router::new()
-        .route(
-            "/v1/files",
-            get(get_root).put(put_root).delete(delete_root),
-        )
+        .route("/v1/files", get(get_root).put(put_root).delete(delete_root))
         .route(
             "/v1/files/",
             get(get_root).put(put_root).delete(delete_root),
@@ -59,7 +56,9 @@ pub fn router(base: Arc<Base>) -> Router {
         )
         .route("/v1/health", get(health))
         .route("/v1/metadata", get(metadata))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such endpoint") })
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such endpoint")
+        })
         .with_state(state)
 }
 
@@ -124,9 +123,11 @@ impl From<io::Error> for ApiError {
                 "NOT_FOUND",
                 "path does not exist within the sandbox",
             ),
-            (io::ErrorKind::PermissionDenied, _) => {
-                ApiError::new(StatusCode::FORBIDDEN, "PERMISSION_DENIED", "permission denied")
-            }
+            (io::ErrorKind::PermissionDenied, _) => ApiError::new(
+                StatusCode::FORBIDDEN,
+                "PERMISSION_DENIED",
+                "permission denied",
+            ),
             (_, Some(Errno::ISDIR)) => ApiError::invalid("target path is a directory"),
             _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", e.to_string()),
         }
@@ -183,7 +184,10 @@ async fn read(State(state): State<Arc<Rest>>, target: Target) -> Result<Response
     match opened {
         Ok((file, len)) => Ok((
             [
-                (header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream")),
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                ),
                 (header::CONTENT_LENGTH, HeaderValue::from(len)),
             ],
             Body::from_stream(files::file_stream(file)),
@@ -247,7 +251,11 @@ async fn put_file(
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data"));
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("multipart/form-data")
+        });
     if multipart {
         let mut form = Multipart::from_request(request, &())
             .await
@@ -268,7 +276,10 @@ async fn put_file(
             }
         }
     }
-    let body = request.into_body().into_data_stream().map_err(io::Error::other);
+    let body = request
+        .into_body()
+        .into_data_stream()
+        .map_err(io::Error::other);
     files::write_atomic(state.base.clone(), rel, mode, body).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -312,7 +323,9 @@ async fn remove(
     let base = state.base.clone();
     tokio::task::spawn_blocking(move || files::delete(&base, &target, recursive))
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", e.to_string()))??;
+        .map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", e.to_string())
+        })??;
     Ok(StatusCode::NO_CONTENT)
 }
 
