@@ -69,8 +69,9 @@ fn access_denied() -> Response {
     message(StatusCode::FORBIDDEN, "Access denied")
 }
 
-fn resolve(base: &Base, raw: &str) -> Result<Target, Response> {
-    paths::resolve(raw, Absolute::WithinBase(&base.path)).map_err(|_| access_denied())
+/// Where `raw` leads beneath the base directory, or `None` when it would leave it.
+fn resolve(base: &Base, raw: &str) -> Option<Target> {
+    paths::resolve(raw, Absolute::WithinBase(&base.path)).ok()
 }
 
 fn is_refusal(e: &io::Error) -> bool {
@@ -212,14 +213,14 @@ async fn upload(State(base): State<Arc<Base>>, mut form: Multipart) -> Response 
         }
         let filename = field.file_name().unwrap_or_default().to_owned();
         let rel = match resolve(&base, &filename) {
-            Ok(Target::Rel(rel)) => rel,
-            Ok(Target::Root) => {
+            Some(Target::Rel(rel)) => rel,
+            Some(Target::Root) => {
                 return message(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "File upload failed: the destination is a directory",
                 );
             }
-            Err(denied) => return denied,
+            None => return access_denied(),
         };
         return match files::write_atomic(base.clone(), rel, 0o644, field).await {
             Ok(_) => message(
@@ -236,9 +237,8 @@ async fn upload(State(base): State<Arc<Base>>, mut form: Multipart) -> Response 
 }
 
 async fn download(State(base): State<Arc<Base>>, Path(path): Path<String>) -> Response {
-    let target = match resolve(&base, &path) {
-        Ok(t) => t,
-        Err(denied) => return denied,
+    let Some(target) = resolve(&base, &path) else {
+        return access_denied();
     };
     let opened = files::blocking({
         let base = base.clone();
@@ -267,9 +267,8 @@ async fn list_root(state: State<Arc<Base>>) -> Response {
 }
 
 async fn list(State(base): State<Arc<Base>>, Path(path): Path<String>) -> Response {
-    let target = match resolve(&base, &path) {
-        Ok(t) => t,
-        Err(denied) => return denied,
+    let Some(target) = resolve(&base, &path) else {
+        return access_denied();
     };
     let listed = files::blocking({
         let base = base.clone();
@@ -300,9 +299,8 @@ async fn list(State(base): State<Arc<Base>>, Path(path): Path<String>) -> Respon
 }
 
 async fn exists(State(base): State<Arc<Base>>, Path(path): Path<String>) -> Response {
-    let target = match resolve(&base, &path) {
-        Ok(t) => t,
-        Err(denied) => return denied,
+    let Some(target) = resolve(&base, &path) else {
+        return access_denied();
     };
     let found = files::blocking({
         let base = base.clone();
