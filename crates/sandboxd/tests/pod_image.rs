@@ -211,7 +211,13 @@ async fn the_pod_image_serves_all_three_apis_on_its_network_address() {
     // `docker stop` sends SIGTERM to PID 1, which passes it on: the server stops (exit 0;
     // connections still open get a few seconds), not by the SIGKILL that follows an ignored
     // SIGTERM (137).
-    docker(&["stop", &name]).unwrap();
+    // Off the runtime, so our open connections keep being served (and see the server's
+    // goodbye) while `docker stop` waits.
+    let stopping = name.clone();
+    tokio::task::spawn_blocking(move || docker(&["stop", &stopping]))
+        .await
+        .unwrap()
+        .unwrap();
     let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", &name]).unwrap();
     let logs = Command::new("docker")
         .args(["logs", &name])
