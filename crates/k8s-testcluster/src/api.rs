@@ -422,7 +422,7 @@ fn watch(
             return;
         }
         let matches = |e: &Event| {
-            std::ptr::eq(e.res, res)
+            e.res.plural == res.plural
                 && ns
                     .as_deref()
                     .is_none_or(|n| e.object["metadata"]["namespace"] == n)

@@ -864,7 +864,7 @@ impl Store {
         let inner = self.lock();
         let feed = self.feed.subscribe();
         let matches = |e: &Event| {
-            std::ptr::eq(e.res, res)
+            e.res.plural == res.plural
                 && ns.is_none_or(|n| meta_str(&e.object, "namespace") == Some(n))
                 && sel.matches(&e.object)
         };

@@ -26,7 +26,11 @@ fn claim(name: &str) -> Value {
 }
 
 fn rv(o: &Value) -> u64 {
-    o["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()
+    o["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -36,10 +40,17 @@ async fn create_get_list_and_already_exists() {
     let (code, created) = api.post(CLAIMS, &claim("one")).await;
     assert_eq!(code, 201, "{created}");
     assert_eq!(created["metadata"]["generation"], 1);
-    assert!(created["metadata"]["uid"].as_str().is_some_and(|u| u.len() == 36));
+    assert!(
+        created["metadata"]["uid"]
+            .as_str()
+            .is_some_and(|u| u.len() == 36)
+    );
     assert!(created["metadata"]["creationTimestamp"].is_string());
     let (code, again) = api.post(CLAIMS, &claim("one")).await;
-    assert_eq!((code, again["kind"].as_str(), again["reason"].as_str()), (409, Some("Status"), Some("AlreadyExists")));
+    assert_eq!(
+        (code, again["kind"].as_str(), again["reason"].as_str()),
+        (409, Some("Status"), Some("AlreadyExists"))
+    );
 
     let (code, got) = api.get(&format!("{CLAIMS}/one")).await;
     assert_eq!((code, &got), (200, &created));
@@ -61,7 +72,9 @@ async fn create_get_list_and_already_exists() {
     assert_eq!(list["kind"], "SandboxClaimList");
     assert_eq!(list["items"].as_array().unwrap().len(), 2);
     assert_eq!(rv(&json!({"metadata": list["metadata"]})), rv(&generated));
-    let (code, all_ns) = api.get("/apis/extensions.agents.x-k8s.io/v1beta1/sandboxclaims").await;
+    let (code, all_ns) = api
+        .get("/apis/extensions.agents.x-k8s.io/v1beta1/sandboxclaims")
+        .await;
     assert_eq!((code, all_ns["items"].as_array().unwrap().len()), (200, 2));
 
     let (code, _) = api
@@ -78,13 +91,26 @@ async fn selectors_and_paging() {
         assert_eq!(api.post(CLAIMS, &claim(n)).await.0, 201);
     }
     let names = |l: &Value| -> Vec<String> {
-        l["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap().to_owned()).collect()
+        l["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect()
     };
-    let (_, l) = api.get(&format!("{CLAIMS}?labelSelector=tier%20in%20(a,c),app=a")).await;
+    let (_, l) = api
+        .get(&format!("{CLAIMS}?labelSelector=tier%20in%20(a,c),app=a"))
+        .await;
     assert_eq!(names(&l), ["a", "c"]);
-    let (_, l) = api.get(&format!("{CLAIMS}?labelSelector=tier!=a,tier%20notin%20(b)")).await;
+    let (_, l) = api
+        .get(&format!(
+            "{CLAIMS}?labelSelector=tier!=a,tier%20notin%20(b)"
+        ))
+        .await;
     assert_eq!(names(&l), ["c", "d", "e"]);
-    let (_, l) = api.get(&format!("{CLAIMS}?fieldSelector=metadata.name%3Dd")).await;
+    let (_, l) = api
+        .get(&format!("{CLAIMS}?fieldSelector=metadata.name%3Dd"))
+        .await;
     assert_eq!(names(&l), ["d"]);
     let (code, _) = api.get(&format!("{CLAIMS}?fieldSelector=spec.x%3Dd")).await;
     assert_eq!(code, 400);
@@ -123,14 +149,20 @@ async fn optimistic_concurrency_and_status_subresource() {
     assert_eq!(code, 200, "{updated}");
     assert_eq!(updated["spec"]["warmPoolRef"]["name"], "other");
     assert_eq!(updated["metadata"]["generation"], 2);
-    assert!(updated["status"].is_null(), "status is ignored on the main resource");
+    assert!(
+        updated["status"].is_null(),
+        "status is ignored on the main resource"
+    );
     assert!(rv(&updated) > rv(&created));
 
     // The stale version is a 409 Conflict; no version is a 422.
     let (code, conflict) = api.put(&path, &upd).await;
     assert_eq!((code, conflict["reason"].as_str()), (409, Some("Conflict")));
     let mut no_rv = updated.clone();
-    no_rv["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+    no_rv["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
     assert_eq!(api.put(&path, &no_rv).await.0, 422);
 
     // The status subresource changes status only.
@@ -141,36 +173,62 @@ async fn optimistic_concurrency_and_status_subresource() {
     assert_eq!(code, 200, "{with_status}");
     assert_eq!(with_status["status"]["conditions"][0]["status"], "True");
     assert_eq!(with_status["spec"]["warmPoolRef"]["name"], "other");
-    assert_eq!(with_status["metadata"]["generation"], 2, "status writes keep the generation");
+    assert_eq!(
+        with_status["metadata"]["generation"], 2,
+        "status writes keep the generation"
+    );
     let (_, s) = api.get(&format!("{path}/status")).await;
     assert_eq!(s, with_status);
 
     // Merge patch of status through /status; a merge patch of the main resource keeps it.
     let (code, p) = api
-        .patch(&format!("{path}/status"), "application/merge-patch+json", &json!({"status": {"sandbox": {"name": "sb"}}, "spec": {"x": 1}}))
+        .patch(
+            &format!("{path}/status"),
+            "application/merge-patch+json",
+            &json!({"status": {"sandbox": {"name": "sb"}}, "spec": {"x": 1}}),
+        )
         .await;
     assert_eq!(code, 200);
     assert_eq!(p["status"]["sandbox"]["name"], "sb");
     assert!(p["spec"]["x"].is_null());
     let (code, p) = api
-        .patch(&path, "application/merge-patch+json", &json!({"metadata": {"labels": {"new": "1"}}, "status": null}))
+        .patch(
+            &path,
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"new": "1"}}, "status": null}),
+        )
         .await;
     assert_eq!(code, 200);
     assert_eq!(p["metadata"]["labels"]["new"], "1");
     assert_eq!(p["status"]["sandbox"]["name"], "sb");
     // A strategic merge patch is served as a merge patch; a stale version in a patch is a 409.
     let (code, _) = api
-        .patch(&path, "application/strategic-merge-patch+json", &json!({"metadata": {"labels": {"s": "1"}}}))
+        .patch(
+            &path,
+            "application/strategic-merge-patch+json",
+            &json!({"metadata": {"labels": {"s": "1"}}}),
+        )
         .await;
     assert_eq!(code, 200);
     let (code, _) = api
-        .patch(&path, "application/merge-patch+json", &json!({"metadata": {"resourceVersion": "1", "labels": {"z": "1"}}}))
+        .patch(
+            &path,
+            "application/merge-patch+json",
+            &json!({"metadata": {"resourceVersion": "1", "labels": {"z": "1"}}}),
+        )
         .await;
     assert_eq!(code, 409);
     let (code, p) = api
-        .patch(&path, "application/json-patch+json", &json!([{"op": "replace", "path": "/spec/warmPoolRef/name", "value": "jp"}]))
+        .patch(
+            &path,
+            "application/json-patch+json",
+            &json!([{"op": "replace", "path": "/spec/warmPoolRef/name", "value": "jp"}]),
+        )
         .await;
-    assert_eq!((code, p["spec"]["warmPoolRef"]["name"].as_str()), (200, Some("jp")));
+    assert_eq!(
+        (code, p["spec"]["warmPoolRef"]["name"].as_str()),
+        (200, Some("jp"))
+    );
     assert_eq!(api.patch(&path, "text/plain", &json!({})).await.0, 415);
 }
 
@@ -186,17 +244,32 @@ async fn delete_cascades_to_owned_objects_and_checks_preconditions() {
                "spec": {"podTemplate": {"spec": {"containers": []}}}})
     };
     assert_eq!(api.post(SANDBOXES, &sb("owned")).await.0, 201);
-    assert_eq!(api.post(SANDBOXES, &json!({"metadata": {"name": "free"}, "spec": {}})).await.0, 201);
+    assert_eq!(
+        api.post(
+            SANDBOXES,
+            &json!({"metadata": {"name": "free"}, "spec": {}})
+        )
+        .await
+        .0,
+        201
+    );
 
     let (code, _) = api
-        .send(api.req(reqwest::Method::DELETE, &format!("{CLAIMS}/owner")).json(&json!({"preconditions": {"uid": "wrong"}})))
+        .send(
+            api.req(reqwest::Method::DELETE, &format!("{CLAIMS}/owner"))
+                .json(&json!({"preconditions": {"uid": "wrong"}})),
+        )
         .await;
     assert_eq!(code, 409, "a uid precondition mismatch");
 
     let (code, deleted) = api.delete(&format!("{CLAIMS}/owner")).await;
     assert_eq!(code, 200);
     assert_eq!(deleted["metadata"]["name"], "owner");
-    assert_eq!(api.get(&format!("{SANDBOXES}/owned")).await.0, 404, "the owned sandbox is deleted");
+    assert_eq!(
+        api.get(&format!("{SANDBOXES}/owned")).await.0,
+        404,
+        "the owned sandbox is deleted"
+    );
     assert_eq!(api.get(&format!("{SANDBOXES}/free")).await.0, 200);
     assert_eq!(api.delete(&format!("{CLAIMS}/owner")).await.0, 404);
 
@@ -206,7 +279,9 @@ async fn delete_cascades_to_owned_objects_and_checks_preconditions() {
     let mut o = sb("kept");
     o["metadata"]["ownerReferences"][0]["uid"] = json!(uid2);
     api.post(SANDBOXES, &o).await;
-    let (code, _) = api.delete(&format!("{CLAIMS}/owner?propagationPolicy=Orphan")).await;
+    let (code, _) = api
+        .delete(&format!("{CLAIMS}/owner?propagationPolicy=Orphan"))
+        .await;
     assert_eq!(code, 200);
     let (code, kept) = api.get(&format!("{SANDBOXES}/kept")).await;
     assert_eq!(code, 200);
@@ -224,7 +299,13 @@ async fn watch_streams_changes_and_bookmarks() {
     let e = w.next_change().await.unwrap();
     assert_eq!((e["type"].as_str(), &e["object"]), (Some("ADDED"), &first));
     api.post(CLAIMS, &claim("other")).await; // filtered out by the field selector
-    let (_, p) = api.patch(&format!("{CLAIMS}/first"), "application/merge-patch+json", &json!({"metadata": {"labels": {"x": "y"}}})).await;
+    let (_, p) = api
+        .patch(
+            &format!("{CLAIMS}/first"),
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"x": "y"}}}),
+        )
+        .await;
     let e = w.next_change().await.unwrap();
     assert_eq!((e["type"].as_str(), &e["object"]), (Some("MODIFIED"), &p));
     // A bookmark carries a version at or past the last change.
@@ -242,18 +323,30 @@ async fn watch_streams_changes_and_bookmarks() {
     assert!(rv(&e["object"]) > rv(&p));
 
     // Resuming from a version replays what came after it.
-    let mut w = api.watch(&format!("{CLAIMS}?watch=true&resourceVersion={}", rv(&first))).await;
+    let mut w = api
+        .watch(&format!(
+            "{CLAIMS}?watch=true&resourceVersion={}",
+            rv(&first)
+        ))
+        .await;
     let kinds: Vec<String> = {
         let mut v = Vec::new();
         for _ in 0..3 {
-            v.push(w.next_change().await.unwrap()["type"].as_str().unwrap().to_owned());
+            v.push(
+                w.next_change().await.unwrap()["type"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            );
         }
         v
     };
     assert_eq!(kinds, ["ADDED", "MODIFIED", "DELETED"]);
 
     // timeoutSeconds ends the stream.
-    let mut w = api.watch(&format!("{CLAIMS}?watch=1&timeoutSeconds=1")).await;
+    let mut w = api
+        .watch(&format!("{CLAIMS}?watch=1&timeoutSeconds=1"))
+        .await;
     assert_eq!(w.next_change().await.unwrap()["type"], "ADDED"); // "other"
     assert!(w.next_change().await.is_none());
 }
@@ -266,14 +359,24 @@ async fn watch_from_a_version_older_than_the_window_is_gone() {
     for n in ["b", "c", "d", "e"] {
         api.post(CLAIMS, &claim(n)).await;
     }
-    let mut w = api.watch(&format!("{CLAIMS}?watch=1&resourceVersion={}", rv(&first))).await;
+    let mut w = api
+        .watch(&format!("{CLAIMS}?watch=1&resourceVersion={}", rv(&first)))
+        .await;
     let e = w.next().await.unwrap();
     assert_eq!(e["type"], "ERROR");
-    assert_eq!((e["object"]["code"].as_u64(), e["object"]["reason"].as_str()), (Some(410), Some("Expired")));
+    assert_eq!(
+        (e["object"]["code"].as_u64(), e["object"]["reason"].as_str()),
+        (Some(410), Some("Expired"))
+    );
     assert!(w.next().await.is_none());
     // A version inside the window still works.
     let (_, l) = api.get(CLAIMS).await;
-    let mut w = api.watch(&format!("{CLAIMS}?watch=1&resourceVersion={}", rv(&json!({"metadata": l["metadata"]})) - 1)).await;
+    let mut w = api
+        .watch(&format!(
+            "{CLAIMS}?watch=1&resourceVersion={}",
+            rv(&json!({"metadata": l["metadata"]})) - 1
+        ))
+        .await;
     assert_eq!(w.next().await.unwrap()["type"], "ADDED");
 }
 
@@ -285,13 +388,20 @@ async fn injected_faults_fail_delay_drop_and_expire() {
     assert_eq!(api.post(CLAIMS, &claim("a")).await.0, 503);
     assert_eq!(api.get(CLAIMS).await.0, 200, "GET does not match the rule");
     assert_eq!(api.post(CLAIMS, &claim("a")).await.0, 503);
-    assert_eq!(api.post(CLAIMS, &claim("a")).await.0, 201, "the rule is used up");
+    assert_eq!(
+        api.post(CLAIMS, &claim("a")).await.0,
+        201,
+        "the rule is used up"
+    );
 
     c.faults().expire_next_watch();
     let mut w = api.watch(&format!("{CLAIMS}?watch=1")).await;
     assert_eq!(w.next().await.unwrap()["type"], "ADDED");
     let e = w.next().await.unwrap();
-    assert_eq!((e["type"].as_str(), e["object"]["code"].as_u64()), (Some("ERROR"), Some(410)));
+    assert_eq!(
+        (e["type"].as_str(), e["object"]["code"].as_u64()),
+        (Some("ERROR"), Some(410))
+    );
     assert!(w.next().await.is_none());
 
     let mut w = api.watch(&format!("{CLAIMS}?watch=1")).await;
@@ -315,7 +425,9 @@ async fn injected_faults_fail_delay_drop_and_expire() {
     c.faults().compact();
     let (_, l) = api.get(CLAIMS).await;
     let old = rv(&json!({"metadata": l["metadata"]})) - 1;
-    let mut w = api.watch(&format!("{CLAIMS}?watch=1&resourceVersion={old}")).await;
+    let mut w = api
+        .watch(&format!("{CLAIMS}?watch=1&resourceVersion={old}"))
+        .await;
     assert_eq!(w.next().await.unwrap()["object"]["code"], 410);
 }
 
@@ -326,16 +438,41 @@ async fn discovery_documents_and_gateway() {
     let (code, v) = api.get("/version").await;
     assert_eq!((code, v["major"].as_str()), (200, Some("1")));
     let (_, groups) = api.get("/apis").await;
-    let names: Vec<&str> = groups["groups"].as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["agents.x-k8s.io", "extensions.agents.x-k8s.io", "gateway.networking.k8s.io"]);
+    let names: Vec<&str> = groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "agents.x-k8s.io",
+            "extensions.agents.x-k8s.io",
+            "gateway.networking.k8s.io"
+        ]
+    );
     let (_, rl) = api.get("/apis/extensions.agents.x-k8s.io/v1beta1").await;
-    let res: Vec<&str> = rl["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
-    assert!(res.contains(&"sandboxclaims") && res.contains(&"sandboxclaims/status"), "{res:?}");
+    let res: Vec<&str> = rl["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        res.contains(&"sandboxclaims") && res.contains(&"sandboxclaims/status"),
+        "{res:?}"
+    );
     assert_eq!(rl["resources"][0]["namespaced"], true);
     assert_eq!(api.get("/apis/nope.io/v1").await.0, 404);
-    let (code, gw) = api.get("/apis/gateway.networking.k8s.io/v1/namespaces/default/gateways/sandbox-gateway").await;
+    let (code, gw) = api
+        .get("/apis/gateway.networking.k8s.io/v1/namespaces/default/gateways/sandbox-gateway")
+        .await;
     assert_eq!(code, 200);
-    assert_eq!(gw["status"]["addresses"][0]["value"].as_str(), c.router_url().strip_prefix("http://"));
+    assert_eq!(
+        gw["status"]["addresses"][0]["value"].as_str(),
+        c.router_url().strip_prefix("http://")
+    );
     let kc = c.kubeconfig();
     assert!(kc.contains(&c.api_url()) && kc.contains(c.token()));
 }

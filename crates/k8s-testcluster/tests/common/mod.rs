@@ -7,7 +7,8 @@ use futures::StreamExt;
 use k8s_testcluster::TestCluster;
 use serde_json::Value;
 
-pub const CLAIMS: &str = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/default/sandboxclaims";
+pub const CLAIMS: &str =
+    "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/default/sandboxclaims";
 pub const SANDBOXES: &str = "/apis/agents.x-k8s.io/v1beta1/namespaces/default/sandboxes";
 
 pub struct Client {
@@ -18,7 +19,11 @@ pub struct Client {
 
 impl Client {
     pub fn new(c: &TestCluster) -> Self {
-        Self { http: reqwest::Client::new(), base: c.api_url(), token: c.token().to_owned() }
+        Self {
+            http: reqwest::Client::new(),
+            base: c.api_url(),
+            token: c.token().to_owned(),
+        }
     }
 
     pub fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
@@ -40,11 +45,13 @@ impl Client {
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.req(reqwest::Method::POST, path).json(body)).await
+        self.send(self.req(reqwest::Method::POST, path).json(body))
+            .await
     }
 
     pub async fn put(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.req(reqwest::Method::PUT, path).json(body)).await
+        self.send(self.req(reqwest::Method::PUT, path).json(body))
+            .await
     }
 
     pub async fn patch(&self, path: &str, ct: &str, body: &Value) -> (u16, Value) {
@@ -68,7 +75,10 @@ impl Client {
             .await
             .expect("watch opened");
         assert_eq!(r.status().as_u16(), 200, "watch status");
-        Watch { stream: Box::pin(r.bytes_stream()), buf: Vec::new() }
+        Watch {
+            stream: Box::pin(r.bytes_stream()),
+            buf: Vec::new(),
+        }
     }
 }
 
@@ -117,17 +127,24 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 /// The Ready condition of an object.
 pub fn ready(obj: &Value) -> Option<(String, String)> {
-    obj["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "Ready").map(|c| {
-        (
-            c["status"].as_str().unwrap_or("").to_owned(),
-            c["reason"].as_str().unwrap_or("").to_owned(),
-        )
-    })
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or("").to_owned(),
+                c["reason"].as_str().unwrap_or("").to_owned(),
+            )
+        })
 }
