@@ -8,8 +8,11 @@ use std::time::{Duration, Instant};
 
 use crate::{run, run_env, workspace_root};
 
-/// The pod image: sandboxd serving REST, gRPC and the legacy python-runtime API.
-pub(crate) const K8S_POD_IMAGE: &str = "sandbox-harness-test/k8s-pod:latest";
+/// The pod image (`cargo xtask images`): sandboxd serving REST, gRPC and the legacy
+/// python-runtime API.
+fn pod_image() -> String {
+    format!("{}:latest", crate::K8S_POD_IMAGE)
+}
 /// The Python environment of the fidelity check (every package pinned).
 const REQUIREMENTS: &str = "crates/k8s-testcluster/fidelity/requirements.txt";
 const SCRIPT: &str = "crates/k8s-testcluster/fidelity/fidelity.py";
@@ -29,8 +32,9 @@ pub(crate) fn up(args: &[String]) -> Result<(), String> {
         "--",
     ];
     let has_image = args.iter().any(|a| a == "--pod-image");
+    let image = pod_image();
     if !has_image {
-        cmd.extend(["--pod-image", K8S_POD_IMAGE, "--warm", "1"]);
+        cmd.extend(["--pod-image", &image, "--warm", "1"]);
     }
     cmd.extend(args.iter().map(String::as_str));
     run("cargo", &cmd)
@@ -41,12 +45,13 @@ pub(crate) fn up(args: &[String]) -> Result<(), String> {
 pub(crate) fn fidelity() -> Result<(), String> {
     crate::docker_images()?;
     let have = Command::new("docker")
-        .args(["image", "inspect", "--format", "{{.Id}}", K8S_POD_IMAGE])
+        .args(["image", "inspect", "--format", "{{.Id}}", &pod_image()])
         .output()
         .map_err(|e| format!("cannot run docker: {e}"))?;
     if !have.status.success() {
         return Err(format!(
-            "the pod image {K8S_POD_IMAGE} is missing after `cargo xtask images`"
+            "the pod image {} is missing after `cargo xtask images`",
+            pod_image()
         ));
     }
     let python = venv()?;
@@ -113,7 +118,7 @@ impl Cluster {
         let _ = std::fs::remove_file(&ready);
         let bin = workspace_root().join("target/debug/k8s-testcluster");
         let child = Command::new(&bin)
-            .args(["--pod-image", K8S_POD_IMAGE, "--warm", "1"])
+            .args(["--pod-image", &pod_image(), "--warm", "1"])
             .arg("--kubeconfig")
             .arg(dir.join("fidelity.kubeconfig"))
             .arg("--ready-file")
