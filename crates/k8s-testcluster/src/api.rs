@@ -228,14 +228,30 @@ async fn serve_resource(
                             .map(Duration::from_secs);
                         let bookmarks =
                             q("allowWatchBookmarks").is_some_and(|b| b == "true" || b == "1");
+                        // Streaming lists: the current state, then a BOOKMARK marking its end.
+                        let initial_end = q("sendInitialEvents").is_some_and(|b| b == "true");
+                        if initial_end && !bookmarks {
+                            return Err(ApiError::invalid(
+                                res.group,
+                                res.plural,
+                                "",
+                                "sendInitialEvents requires allowWatchBookmarks=true",
+                            ));
+                        }
+                        let rv = if initial_end {
+                            None
+                        } else {
+                            q("resourceVersion")
+                        };
                         return Ok(watch(
                             st,
                             res,
                             ns.clone(),
                             sel,
-                            q("resourceVersion"),
+                            rv,
                             timeout,
                             bookmarks,
+                            initial_end,
                         ));
                     }
                     let limit = q("limit")
@@ -382,6 +398,7 @@ fn expired_line(msg: &str) -> Bytes {
 }
 
 /// A chunked watch stream of newline-delimited `{"type","object"}` events.
+#[allow(clippy::too_many_arguments)]
 fn watch(
     st: &Arc<ApiState>,
     res: &'static ResourceDef,
@@ -390,6 +407,7 @@ fn watch(
     rv: Option<String>,
     timeout: Option<Duration>,
     bookmarks: bool,
+    initial_end: bool,
 ) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let start = st.store.watch(res, ns.as_deref(), &sel, rv.as_deref());
@@ -410,6 +428,14 @@ fn watch(
                 .await
                 .is_err()
             {
+                return;
+            }
+        }
+        if initial_end {
+            let obj = json!({"apiVersion": res.api_version(), "kind": res.kind, "metadata": {
+                "resourceVersion": start.rv.to_string(),
+                "annotations": {"k8s.io/initial-events-end": "true"}}});
+            if tx.send(event_line("BOOKMARK", &obj)).await.is_err() {
                 return;
             }
         }

@@ -343,6 +343,18 @@ async fn watch_streams_changes_and_bookmarks() {
     };
     assert_eq!(kinds, ["ADDED", "MODIFIED", "DELETED"]);
 
+    // A streaming list: the current state, then a BOOKMARK marking the end of it.
+    let mut w = api
+        .watch(&format!("{CLAIMS}?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan"))
+        .await;
+    assert_eq!(w.next().await.unwrap()["type"], "ADDED"); // "other"
+    let end = w.next().await.unwrap();
+    assert_eq!(end["type"], "BOOKMARK");
+    assert_eq!(
+        end["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+
     // timeoutSeconds ends the stream.
     let mut w = api
         .watch(&format!("{CLAIMS}?watch=1&timeoutSeconds=1"))

@@ -331,3 +331,59 @@ async fn missing_pools_and_templates_and_expiry_are_reported() {
     );
     assert_eq!(api.get(&format!("{CLAIMS}/expired")).await.0, 404);
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker: set SANDBOX_TEST_DOCKER=1 (cargo xtask test does)"
+)]
+async fn a_new_cluster_removes_the_leftovers_of_killed_ones() {
+    // A "killed run": a container and a network labelled with an owner pid that cannot be
+    // alive (above the kernel's pid_max limit).
+    let stale_id = format!("stale{}", std::process::id());
+    let labels = [
+        "--label".to_owned(),
+        format!("sandbox-harness.k8s-testcluster={stale_id}"),
+        "--label".to_owned(),
+        "sandbox-harness.k8s-testcluster.pid=4194305".to_owned(),
+    ];
+    let net = format!("k8stc-{stale_id}");
+    let ok = Command::new("docker")
+        .args(["network", "create"])
+        .args(&labels)
+        .arg(&net)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let ok = Command::new("docker")
+        .args(["run", "-d", "--network", &net])
+        .args(&labels)
+        .args([IMAGE, "sleep", "300"])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    assert_eq!(containers(&stale_id).len(), 1);
+
+    let c = cluster().await;
+    assert!(
+        containers(&stale_id).is_empty(),
+        "the stale container is removed"
+    );
+    let nets = Command::new("docker")
+        .args(["network", "ls", "-q", "--filter", &format!("name={net}")])
+        .output()
+        .unwrap();
+    assert!(nets.stdout.is_empty(), "the stale network is removed");
+    // The new cluster's own network stays.
+    let own = Command::new("docker")
+        .args([
+            "network",
+            "ls",
+            "-q",
+            "--filter",
+            &format!("name=k8stc-{}", c.cluster_id()),
+        ])
+        .output()
+        .unwrap();
+    assert!(!own.stdout.is_empty());
+}
