@@ -98,6 +98,21 @@ async fn a_claim_cold_starts_a_pod_whose_port_answers_through_the_router() {
         cl["metadata"]["uid"]
     );
 
+    // The controller has converged: passes over unchanged objects write nothing.
+    let version = |l: Value| {
+        l["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let before = version(api.get(CLAIMS).await.1);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await; // three controller passes
+    assert_eq!(
+        version(api.get(CLAIMS).await.1),
+        before,
+        "no writes while nothing changes"
+    );
+
     // The pod answers directly and through the router.
     let direct = reqwest::get(format!("http://{ip}:8888/"))
         .await
