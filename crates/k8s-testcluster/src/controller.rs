@@ -51,6 +51,14 @@ impl Pods {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// How many pods are being started (a `docker run` in flight).
+    pub fn starting(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|s| matches!(s, PodState::Starting))
+            .count()
+    }
+
     /// The container id of a Sandbox's pod.
     pub fn container_of(&self, uid: &str) -> Option<String> {
         match self.lock().get(uid) {

@@ -143,6 +143,7 @@ pub struct TestCluster {
     cluster_id: String,
     network: Option<String>,
     store: Arc<store::Store>,
+    pods: Arc<controller::Pods>,
     faults: Faults,
     stop: watch::Sender<bool>,
 }
@@ -245,6 +246,7 @@ impl TestCluster {
             cluster_id,
             network,
             store,
+            pods,
             faults,
             stop,
         };
@@ -399,7 +401,9 @@ impl TestCluster {
     pub fn shutdown(&mut self) {
         let _ = self.stop.send(true);
         if let Some(net) = self.network.take() {
-            docker::cleanup_blocking(&self.cluster_id, &net);
+            // A `docker run` in flight may create its container after the first sweep.
+            let in_flight = self.pods.starting() > 0;
+            docker::cleanup_blocking(&self.cluster_id, &net, in_flight);
         }
     }
 }

@@ -402,3 +402,36 @@ async fn a_new_cluster_removes_the_leftovers_of_killed_ones() {
         .unwrap();
     assert!(!own.stdout.is_empty());
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker: set SANDBOX_TEST_DOCKER=1 (cargo xtask test does)"
+)]
+async fn dropping_a_cluster_while_pods_start_leaves_nothing() {
+    let c = cluster().await;
+    let api = Client::new(&c);
+    c.create_pool(&http_pool("web", 3)).unwrap();
+    // Drop as soon as the warm sandboxes exist: their `docker run`s are in flight.
+    eventually(30, "the warm sandboxes", || async {
+        let (_, l) = api.get(SANDBOXES).await;
+        (l["items"].as_array().is_some_and(|a| a.len() == 3)).then_some(())
+    })
+    .await;
+    let id = c.cluster_id().to_owned();
+    drop(c);
+    let all = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=sandbox-harness.k8s-testcluster={id}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        all.stdout.is_empty(),
+        "left: {}",
+        String::from_utf8_lossy(&all.stdout)
+    );
+}
