@@ -47,6 +47,18 @@ def expect_status(code, fn, what):
     raise AssertionError(f"fidelity check failed: {what} did not fail with {code}")
 
 
+def fault(action):
+    """Program the test cluster's fault plan (its test-only endpoint, same auth as the API)."""
+    import requests
+    conf = client.Configuration.get_default_copy()
+    auth = conf.api_key.get("authorization") or conf.api_key.get("BearerToken") or ""
+    if auth and not auth.startswith("Bearer "):
+        auth = f"Bearer {auth}"
+    r = requests.post(f"{conf.host}/k8s-testcluster/v1/faults", json=action,
+                      headers={"Authorization": auth}, timeout=10)
+    r.raise_for_status()
+
+
 def ready_reason(obj):
     for c in (obj.get("status") or {}).get("conditions", []):
         if c.get("type") == "Ready":
@@ -142,7 +154,7 @@ def gone(ns):
 
 
 def sdk(ns, pool, router_url, old_rv):
-    from k8s_agent_sandbox import SandboxClient
+    from k8s_agent_sandbox import SandboxClient, SandboxRequestError
     from k8s_agent_sandbox.models import SandboxDirectConnectionConfig
 
     sc = SandboxClient(connection_config=SandboxDirectConnectionConfig(api_url=router_url))
@@ -160,6 +172,21 @@ def sdk(ns, pool, router_url, old_rv):
         sandbox.files.write("fidelity/data.txt", b"written by the official SDK\n")
         data = sandbox.files.read("fidelity/data.txt")
         check(data == b"written by the official SDK\n", "the SDK wrote and read back a file")
+        # The router's 503s: the SDK retries GETs (5 retries), so two are absorbed and six
+        # are not.
+        fault({"action": "fail_next", "method": "GET", "path": "/download/", "status": 503, "count": 2})
+        check(sandbox.files.read("fidelity/data.txt") == data, "the SDK's read retried through two 503s")
+        fault({"action": "fail_next", "method": "GET", "path": "/download/", "status": 503, "count": 6})
+        try:
+            sandbox.files.read("fidelity/data.txt")
+            failure = None
+        except SandboxRequestError as e:
+            failure = e
+        status = getattr(failure, "status_code", None)
+        detail = failure.response.json().get("detail", "") if failure is not None and failure.response is not None else ""
+        check(status == 503 and "injected" in detail,
+              f"six 503s fail the SDK's read with the router's status and detail ({status}, {detail!r})")
+        fault({"action": "clear"})
         check(sandbox.files.exists("fidelity/data.txt"), "exists() sees the file")
         names = [e.name for e in sandbox.files.list("fidelity")]
         check(names == ["data.txt"], f"list() shows the file ({names})")

@@ -434,6 +434,24 @@ async fn injected_faults_fail_delay_drop_and_expire() {
     assert!(rv(&slow) > rv(&fast), "the delayed request was served last");
     c.faults().clear();
 
+    // The same plan over HTTP, for clients outside the process.
+    let faults = "/k8s-testcluster/v1/faults";
+    let (code, _) = api.post(faults, &json!({"action": "fail_next", "method": "GET", "path": "/version", "status": 502, "count": 1})).await;
+    assert_eq!(code, 200);
+    assert_eq!(api.get("/version").await.0, 502);
+    assert_eq!(api.get("/version").await.0, 200);
+    assert_eq!(
+        api.post(faults, &json!({"action": "fail_next", "status": 404}))
+            .await
+            .0,
+        400
+    );
+    assert_eq!(api.post(faults, &json!({"action": "nope"})).await.0, 400);
+    let anonymous = reqwest::Client::new()
+        .post(format!("{}{faults}", c.api_url()))
+        .json(&json!({"action": "clear"}));
+    assert_eq!(api.send(anonymous).await.0, 401);
+
     c.faults().compact();
     let (_, l) = api.get(CLAIMS).await;
     let old = rv(&json!({"metadata": l["metadata"]})) - 1;
