@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use crate::{run, run_env, workspace_root};
 
 /// The pod image (`cargo xtask images`): sandboxd serving REST, gRPC and the legacy
-/// python-runtime API.
+/// python-runtime API, by the content tag this run built.
 fn pod_image() -> String {
-    format!("{}:latest", crate::K8S_POD_IMAGE)
+    crate::k8s_pod_image()
 }
 /// The Python environment of the fidelity check (every package pinned).
 const REQUIREMENTS: &str = "crates/k8s-testcluster/fidelity/requirements.txt";

@@ -267,14 +267,19 @@ const DEBIAN_PACKAGES: &str = "python3,procps";
 /// the k8s test cluster's pod image is named by `SANDBOX_K8S_POD_IMAGE`: the content tag
 /// built by this run (`:latest` may be moved by a build from another checkout).
 fn docker_test_env() -> Vec<(&'static str, String)> {
-    let pod = K8S_POD_TAG
-        .get()
-        .cloned()
-        .unwrap_or_else(|| format!("{K8S_POD_IMAGE}:latest"));
     vec![
         ("SANDBOX_TEST_DOCKER", "1".to_owned()),
-        (K8S_POD_IMAGE_VAR, pod),
+        (K8S_POD_IMAGE_VAR, k8s_pod_image()),
     ]
+}
+
+/// The k8s pod image of this run: the content tag `cargo xtask images` built (or found) in
+/// this process, `:latest` before that.
+fn k8s_pod_image() -> String {
+    K8S_POD_TAG
+        .get()
+        .cloned()
+        .unwrap_or_else(|| format!("{K8S_POD_IMAGE}:latest"))
 }
 
 /// Under `cargo xtask test` the Docker tests always run: the engine must answer and the
