@@ -11,7 +11,7 @@ use crate::{run, run_env, workspace_root};
 /// The pod image (`cargo xtask images`): sandboxd serving REST, gRPC and the legacy
 /// python-runtime API, by the content tag this run built.
 fn pod_image() -> String {
-    crate::k8s_pod_image()
+    crate::k8s_pod_image_tag()
 }
 /// The Python environment of the fidelity check (every package pinned).
 const REQUIREMENTS: &str = "crates/k8s-testcluster/fidelity/requirements.txt";

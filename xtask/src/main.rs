@@ -269,13 +269,13 @@ const DEBIAN_PACKAGES: &str = "python3,procps";
 fn docker_test_env() -> Vec<(&'static str, String)> {
     vec![
         ("SANDBOX_TEST_DOCKER", "1".to_owned()),
-        (K8S_POD_IMAGE_VAR, k8s_pod_image()),
+        (K8S_POD_IMAGE_VAR, k8s_pod_image_tag()),
     ]
 }
 
 /// The k8s pod image of this run: the content tag `cargo xtask images` built (or found) in
 /// this process, `:latest` before that.
-fn k8s_pod_image() -> String {
+fn k8s_pod_image_tag() -> String {
     K8S_POD_TAG
         .get()
         .cloned()
