@@ -155,6 +155,14 @@ impl OssOptions {
         Ok(())
     }
 
+    /// The most bytes of one upload's input held in memory at once (parts of the first 1,000
+    /// sizes): a blob up to `single_put_max` whole, or the parts in flight and the one being
+    /// filled.
+    pub(crate) fn buffered_per_put(&self) -> u64 {
+        let parts = (self.max_parts_in_flight as u64 + 1).saturating_mul(self.part_size as u64);
+        parts.max(self.single_put_max as u64)
+    }
+
     /// The size of part `index` (from 0) of a multipart upload of a blob of `known` length
     /// (or of unknown length).
     pub(crate) fn part_len(&self, index: usize, known: Option<u64>) -> usize {

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use stores::{CountingStore, FailingStore, StoreCounts};
+pub use stores::{CountingStore, FailingStore, HookedStore, PutHook, StoreCounts};
 
 use crate::backend::{Persistence, SandboxClient};
 use crate::error::Error;

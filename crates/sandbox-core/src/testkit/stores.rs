@@ -1,4 +1,4 @@
-//! Store wrappers for failure scenarios.
+//! Store wrappers for failure scenarios, counting and test hooks.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +8,7 @@ use futures::StreamExt;
 
 use crate::error::{Error, Result};
 use crate::reach::Reach;
-use crate::snapshot::{BlobKey, BlobStream, SnapshotStore};
+use crate::snapshot::{BlobKey, BlobStream, SnapshotStore, WriteHints};
 use crate::stream::ByteStream;
 
 /// Chunk data: a chunk or bundle blob, or a pack (not a redirect).
@@ -61,6 +61,10 @@ impl SnapshotStore for FailingStore {
 
     fn reach(&self) -> Reach {
         self.inner.reach()
+    }
+
+    fn write_hints(&self) -> WriteHints {
+        self.inner.write_hints()
     }
 
     async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
@@ -128,6 +132,12 @@ pub struct StoreCounts {
     pub bytes_written: u64,
     /// Bytes read back through `get`/`get_range` streams.
     pub bytes_read: u64,
+    /// The most bytes that `put`s had read from their inputs and not yet returned from, at
+    /// any moment: what puts in flight held together, at most (exactly, for a store that
+    /// holds its input until it is sent). Not a sum: [`since`](Self::since) keeps the later
+    /// value.
+    #[serde(default)]
+    pub max_put_bytes_in_flight: u64,
 }
 
 impl StoreCounts {
@@ -141,6 +151,7 @@ impl StoreCounts {
             exists: self.exists - earlier.exists,
             bytes_written: self.bytes_written - earlier.bytes_written,
             bytes_read: self.bytes_read - earlier.bytes_read,
+            max_put_bytes_in_flight: self.max_put_bytes_in_flight,
         }
     }
 }
@@ -162,6 +173,8 @@ struct Counters {
     exists: AtomicU64,
     bytes_written: AtomicU64,
     bytes_read: AtomicU64,
+    put_bytes_in_flight: AtomicU64,
+    max_put_bytes_in_flight: AtomicU64,
 }
 
 impl CountingStore {
@@ -184,6 +197,7 @@ impl CountingStore {
             exists: c.exists.load(Ordering::SeqCst),
             bytes_written: c.bytes_written.load(Ordering::SeqCst),
             bytes_read: c.bytes_read.load(Ordering::SeqCst),
+            max_put_bytes_in_flight: c.max_put_bytes_in_flight.load(Ordering::SeqCst),
         }
     }
 
@@ -201,6 +215,21 @@ impl CountingStore {
     }
 }
 
+/// The bytes one counted put has read; off the in-flight total when the put is over.
+struct InFlight {
+    counts: Arc<Counters>,
+    bytes: Arc<AtomicU64>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let n = self.bytes.load(Ordering::SeqCst);
+        self.counts
+            .put_bytes_in_flight
+            .fetch_sub(n, Ordering::SeqCst);
+    }
+}
+
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl SnapshotStore for CountingStore {
@@ -212,9 +241,34 @@ impl SnapshotStore for CountingStore {
         self.inner.reach()
     }
 
+    fn write_hints(&self) -> WriteHints {
+        self.inner.write_hints()
+    }
+
     async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
         self.counts.puts.fetch_add(1, Ordering::SeqCst);
-        let n = self.inner.put(key, data, size).await?;
+        // What this put has read, added to the puts' total as it is read and taken off when
+        // the put returns (also when it fails or is dropped).
+        let read = InFlight {
+            counts: self.counts.clone(),
+            bytes: Arc::new(AtomicU64::new(0)),
+        };
+        let (counts, bytes) = (self.counts.clone(), read.bytes.clone());
+        let data = data
+            .inspect(move |chunk| {
+                if let Ok(b) = chunk {
+                    let n = b.len() as u64;
+                    bytes.fetch_add(n, Ordering::SeqCst);
+                    let now = counts.put_bytes_in_flight.fetch_add(n, Ordering::SeqCst) + n;
+                    counts
+                        .max_put_bytes_in_flight
+                        .fetch_max(now, Ordering::SeqCst);
+                }
+            })
+            .boxed();
+        let n = self.inner.put(key, data, size).await;
+        drop(read);
+        let n = n?;
         self.counts.bytes_written.fetch_add(n, Ordering::SeqCst);
         Ok(n)
     }
@@ -241,6 +295,98 @@ impl SnapshotStore for CountingStore {
 
     fn list(&self, prefix: &str) -> BlobStream {
         self.counts.lists.fetch_add(1, Ordering::SeqCst);
+        self.inner.list(prefix)
+    }
+}
+
+/// What [`HookedStore`] runs at each `put`: it sees the key and the input, and returns the
+/// input to pass on (as it is, or wrapped to act as bytes go through).
+pub type PutHook = dyn Fn(&BlobKey, ByteStream) -> ByteStream + Send + Sync;
+
+/// Forwards every call to a store; runs a hook at each `put` before passing it on (take a
+/// server away, cut or watch the input), and keeps a value alive as long as the store (a
+/// clean-up guard whose `Drop` purges what the tests wrote).
+pub struct HookedStore {
+    inner: Arc<dyn SnapshotStore>,
+    on_put: Option<Box<PutHook>>,
+    _keep: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for HookedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookedStore")
+            .field("inner", &self.inner)
+            .field("on_put", &self.on_put.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HookedStore {
+    /// Forward to `inner`, with no hook yet.
+    pub fn new(inner: Arc<dyn SnapshotStore>) -> Self {
+        HookedStore {
+            inner,
+            on_put: None,
+            _keep: None,
+        }
+    }
+
+    /// Run `hook` at every `put` (it returns the input to pass on).
+    pub fn on_put(
+        mut self,
+        hook: impl Fn(&BlobKey, ByteStream) -> ByteStream + Send + Sync + 'static,
+    ) -> Self {
+        self.on_put = Some(Box::new(hook));
+        self
+    }
+
+    /// Keep `value` until the store is dropped.
+    pub fn keep(mut self, value: impl Send + Sync + 'static) -> Self {
+        self._keep = Some(Box::new(value));
+        self
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl SnapshotStore for HookedStore {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn reach(&self) -> Reach {
+        self.inner.reach()
+    }
+
+    fn write_hints(&self) -> WriteHints {
+        self.inner.write_hints()
+    }
+
+    async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
+        let data = match &self.on_put {
+            Some(hook) => hook(key, data),
+            None => data,
+        };
+        self.inner.put(key, data, size).await
+    }
+
+    async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
+        self.inner.get(key).await
+    }
+
+    async fn get_range(&self, key: &BlobKey, offset: u64, len: u64) -> Result<ByteStream> {
+        self.inner.get_range(key, offset, len).await
+    }
+
+    async fn exists(&self, key: &BlobKey) -> Result<bool> {
+        self.inner.exists(key).await
+    }
+
+    async fn delete(&self, key: &BlobKey) -> Result<()> {
+        self.inner.delete(key).await
+    }
+
+    fn list(&self, prefix: &str) -> BlobStream {
         self.inner.list(prefix)
     }
 }
