@@ -890,46 +890,27 @@ impl Read for PieceReader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{BlobKey, BlobStream, LocalDirSnapshotStore, SnapshotStore, WriteHints};
-    use crate::testkit::CountingStore;
+    use crate::snapshot::{LocalDirSnapshotStore, SnapshotStore, WriteHints};
+    use crate::testkit::{CountingStore, HookedStore};
 
-    /// Holds each put's input whole until it ends, then "sends" it (a short pause, then into
-    /// a local directory): the way S3 sends a blob of up to `single_put_max` in one `PUT`.
-    #[derive(Debug)]
-    struct HoldsWholePuts {
-        inner: LocalDirSnapshotStore,
-        holds: u64,
-    }
-
-    #[async_trait::async_trait]
-    impl SnapshotStore for HoldsWholePuts {
-        fn name(&self) -> &'static str {
-            "holds-whole-puts"
-        }
-        fn reach(&self) -> crate::Reach {
-            crate::Reach::Host
-        }
-        fn write_hints(&self) -> WriteHints {
-            WriteHints::buffering(self.holds)
-        }
-        async fn put(&self, key: &BlobKey, data: ByteStream, _: Option<u64>) -> Result<u64> {
-            let held = stream::collect(data, usize::MAX).await?;
-            // The request takes a while: the next packs fill meanwhile, as far as allowed.
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            self.inner.put(key, stream::once(held), None).await
-        }
-        async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
-            self.inner.get(key).await
-        }
-        async fn exists(&self, key: &BlobKey) -> Result<bool> {
-            self.inner.exists(key).await
-        }
-        async fn delete(&self, key: &BlobKey) -> Result<()> {
-            self.inner.delete(key).await
-        }
-        fn list(&self, prefix: &str) -> BlobStream {
-            self.inner.list(prefix)
-        }
+    /// A local directory whose puts hold their input whole until it ends, then "send" it (a
+    /// short pause, then on to the directory): the way S3 sends a blob of up to
+    /// `single_put_max` in one `PUT`.
+    fn holds_whole_puts(dir: std::path::PathBuf, holds: u64) -> Arc<dyn SnapshotStore> {
+        let local = Arc::new(LocalDirSnapshotStore::new(dir));
+        let store = HookedStore::new(local)
+            .on_put(|_, data| {
+                futures::stream::once(async move {
+                    let held = stream::collect(data, usize::MAX).await?;
+                    // The request takes a while: the next packs fill meanwhile, as far as
+                    // allowed.
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    Ok(held)
+                })
+                .boxed()
+            })
+            .hints(WriteHints::buffering(holds));
+        Arc::new(store)
     }
 
     /// Writes `chunks` chunks of `chunk` bytes through a [`PackWriter`]; returns the sizes of
@@ -973,12 +954,7 @@ mod tests {
     async fn uploads_hold_at_most_the_upload_buffer() {
         const KIB: u64 = 1024;
         let dir = tempfile::tempdir().expect("tempdir");
-        let holding = |holds: u64, name: &str| -> Arc<dyn SnapshotStore> {
-            Arc::new(HoldsWholePuts {
-                inner: LocalDirSnapshotStore::new(dir.path().join(name)),
-                holds,
-            })
-        };
+        let holding = |holds: u64, name: &str| holds_whole_puts(dir.path().join(name), holds);
 
         // Full packs of 256 KiB, a budget of one and a half: the next pack fills while one
         // uploads, but never a second whole pack (two in flight would hold 512 KiB).

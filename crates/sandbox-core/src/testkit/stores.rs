@@ -309,6 +309,7 @@ pub type PutHook = dyn Fn(&BlobKey, ByteStream) -> ByteStream + Send + Sync;
 pub struct HookedStore {
     inner: Arc<dyn SnapshotStore>,
     on_put: Option<Box<PutHook>>,
+    hints: Option<WriteHints>,
     _keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
@@ -327,6 +328,7 @@ impl HookedStore {
         HookedStore {
             inner,
             on_put: None,
+            hints: None,
             _keep: None,
         }
     }
@@ -337,6 +339,12 @@ impl HookedStore {
         hook: impl Fn(&BlobKey, ByteStream) -> ByteStream + Send + Sync + 'static,
     ) -> Self {
         self.on_put = Some(Box::new(hook));
+        self
+    }
+
+    /// Report `hints` instead of the inner store's (for a hook that holds its input, say).
+    pub fn hints(mut self, hints: WriteHints) -> Self {
+        self.hints = Some(hints);
         self
     }
 
@@ -359,7 +367,7 @@ impl SnapshotStore for HookedStore {
     }
 
     fn write_hints(&self) -> WriteHints {
-        self.inner.write_hints()
+        self.hints.unwrap_or_else(|| self.inner.write_hints())
     }
 
     async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
