@@ -890,28 +890,8 @@ impl Read for PieceReader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{LocalDirSnapshotStore, SnapshotStore, WriteHints};
-    use crate::testkit::{CountingStore, HookedStore};
-
-    /// A local directory whose puts hold their input whole until it ends, then "send" it (a
-    /// short pause, then on to the directory): the way S3 sends a blob of up to
-    /// `single_put_max` in one `PUT`.
-    fn holds_whole_puts(dir: std::path::PathBuf, holds: u64) -> Arc<dyn SnapshotStore> {
-        let local = Arc::new(LocalDirSnapshotStore::new(dir));
-        let store = HookedStore::new(local)
-            .on_put(|_, data| {
-                futures::stream::once(async move {
-                    let held = stream::collect(data, usize::MAX).await?;
-                    // The request takes a while: the next packs fill meanwhile, as far as
-                    // allowed.
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                    Ok(held)
-                })
-                .boxed()
-            })
-            .hints(WriteHints::buffering(holds));
-        Arc::new(store)
-    }
+    use crate::snapshot::{LocalDirSnapshotStore, SnapshotStore};
+    use crate::testkit::{CountingStore, holds_whole_puts};
 
     /// Writes `chunks` chunks of `chunk` bytes through a [`PackWriter`]; returns the sizes of
     /// the packs written and what the puts held at most at once.
@@ -954,7 +934,10 @@ mod tests {
     async fn uploads_hold_at_most_the_upload_buffer() {
         const KIB: u64 = 1024;
         let dir = tempfile::tempdir().expect("tempdir");
-        let holding = |holds: u64, name: &str| holds_whole_puts(dir.path().join(name), holds);
+        let holding = |holds: u64, name: &str| -> Arc<dyn SnapshotStore> {
+            let local = Arc::new(LocalDirSnapshotStore::new(dir.path().join(name)));
+            Arc::new(holds_whole_puts(local, holds))
+        };
 
         // Full packs of 256 KiB, a budget of one and a half: the next pack fills while one
         // uploads, but never a second whole pack (two in flight would hold 512 KiB).

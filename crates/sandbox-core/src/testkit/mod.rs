@@ -28,7 +28,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use stores::{CountingStore, FailingStore, HookedStore, PutHook, StoreCounts};
+pub use stores::{
+    CountingStore, FailingStore, HookedStore, PutHook, StoreCounts, holds_whole_puts,
+};
 
 use crate::backend::{Persistence, SandboxClient};
 use crate::error::Error;

@@ -355,6 +355,23 @@ impl HookedStore {
     }
 }
 
+/// `inner` with puts that hold their input whole until it ends, then send it (after a short
+/// pause, as a request would take, so the writer's next puts fill meanwhile): the way S3
+/// sends a blob up to `single_put_max` in one `PUT`. Its [`WriteHints`] say it holds `holds`
+/// bytes per put (true for blobs up to that size).
+pub fn holds_whole_puts(inner: Arc<dyn SnapshotStore>, holds: u64) -> HookedStore {
+    HookedStore::new(inner)
+        .on_put(|_, data| {
+            futures::stream::once(async move {
+                let held = crate::stream::collect(data, usize::MAX).await?;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                Ok(held)
+            })
+            .boxed()
+        })
+        .hints(WriteHints::buffering(holds))
+}
+
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl SnapshotStore for HookedStore {
