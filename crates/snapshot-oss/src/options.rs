@@ -233,6 +233,14 @@ mod tests {
     }
 
     #[test]
+    fn a_put_holds_a_single_put_blob_or_its_parts() {
+        // Defaults: three 5 MiB parts in flight and one filling pass the 16 MiB single PUT.
+        assert_eq!(OssOptions::default().buffered_per_put(), 20 * MIB as u64);
+        let one_put = OssOptions::default().single_put_max(64 * MIB);
+        assert_eq!(one_put.buffered_per_put(), 64 * MIB as u64);
+    }
+
+    #[test]
     fn options_are_checked() {
         assert!(OssOptions::default().check().is_ok());
         assert!(OssOptions::default().part_size(0).check().is_err());
