@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use sandbox_core::snapshot::{self, SnapshotFormat, SnapshotStoreExt as _, TakeRequest};
+use sandbox_core::testkit::blobs::pattern;
 use sandbox_core::testkit::{CountingStore, holds_whole_puts};
 use sandbox_core::{
     CallContext, CreateRequest, IsolationKey, IsolationScope, LocalDirSnapshotStore, Persistence,
@@ -13,20 +14,6 @@ use sandbox_core::{
 use sandbox_local::{LocalClient, LocalOptions};
 
 const MIB: u64 = 1024 * 1024;
-
-/// Pseudo-random bytes (xorshift): no two chunks alike.
-fn fill(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(n + 8);
-    while out.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(n);
-    out
-}
 
 async fn booted(client: &LocalClient, name: &str) -> Box<dyn sandbox_core::BoxHandle> {
     let key = IsolationKey::resolve(
@@ -69,10 +56,14 @@ async fn a_large_snapshot_holds_at_most_the_upload_buffer() {
     std::fs::create_dir_all(&ws).unwrap();
     // 24 MiB: a dozen packs, of files large and small.
     for i in 0..5u64 {
-        std::fs::write(ws.join(format!("large-{i}.bin")), fill(4 << 20, i + 1)).unwrap();
+        std::fs::write(ws.join(format!("large-{i}.bin")), pattern(i + 1, 4 << 20)).unwrap();
     }
     for i in 0..256u64 {
-        std::fs::write(ws.join(format!("small-{i}.bin")), fill(16 << 10, i + 100)).unwrap();
+        std::fs::write(
+            ws.join(format!("small-{i}.bin")),
+            pattern(i + 100, 16 << 10),
+        )
+        .unwrap();
     }
     let took = snapshot::take(&*h, &spec, TakeRequest::new("memory"))
         .await
@@ -101,12 +92,12 @@ async fn a_large_snapshot_holds_at_most_the_upload_buffer() {
         let name = format!("large-{i}.bin");
         assert_eq!(
             std::fs::read(restored.join(&name)).unwrap(),
-            fill(4 << 20, i + 1),
+            pattern(i + 1, 4 << 20),
             "{name}"
         );
     }
     assert_eq!(
         std::fs::read(restored.join("small-255.bin")).unwrap(),
-        fill(16 << 10, 355)
+        pattern(355, 16 << 10)
     );
 }

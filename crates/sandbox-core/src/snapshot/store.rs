@@ -575,7 +575,7 @@ mod suite {
 
         async fn wrapped() -> (Arc<dyn SnapshotStore>, tempfile::TempDir) {
             let (inner, dir) = super::local().await;
-            (Arc::new(FailingStore::new(inner)), dir)
+            (FailingStore::new(inner).store(), dir)
         }
 
         crate::blob_store_tests!(wrapped(), listing_blobs = 10);

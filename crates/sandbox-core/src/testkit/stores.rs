@@ -17,23 +17,61 @@ fn is_chunk_data(key: &BlobKey) -> bool {
     k.starts_with("chunks/") || (k.starts_with("packs/") && !k.ends_with(".moved"))
 }
 
-/// Wraps a store; after [`fail_after`](Self::fail_after), every `put` reads that many bytes of
-/// its input and then fails as if the service went away mid-upload. Counts chunk reads.
-#[derive(Debug)]
+/// A store (a [`HookedStore`] around another) whose puts, after
+/// [`fail_after`](Self::fail_after), read that many bytes of their input and then fail as if
+/// the service went away mid-upload; counts chunk reads. Hand [`store`](Self::store) to the
+/// code under test and keep this to steer it.
+#[derive(Debug, Clone)]
 pub struct FailingStore {
-    inner: Arc<dyn SnapshotStore>,
+    store: Arc<HookedStore>,
     budget: Arc<AtomicU64>,
-    chunk_gets: AtomicU64,
+    chunk_gets: Arc<AtomicU64>,
 }
 
 impl FailingStore {
     /// A healthy wrapper around `inner`.
     pub fn new(inner: Arc<dyn SnapshotStore>) -> Self {
+        let budget = Arc::new(AtomicU64::new(u64::MAX));
+        let chunk_gets = Arc::new(AtomicU64::new(0));
+        let store = HookedStore::new(inner)
+            .on_put({
+                let budget = budget.clone();
+                move |_, data| {
+                    let budget = budget.load(Ordering::SeqCst);
+                    let mut seen = 0u64;
+                    data.map(move |chunk| {
+                        let chunk = chunk?;
+                        seen += chunk.len() as u64;
+                        if seen > budget {
+                            return Err(Error::Unavailable {
+                                service: "snapshot store (injected failure)".into(),
+                                reason: format!("connection lost after {budget} bytes"),
+                                source: None,
+                            });
+                        }
+                        Ok(chunk)
+                    })
+                    .boxed()
+                }
+            })
+            .on_get({
+                let chunk_gets = chunk_gets.clone();
+                move |key| {
+                    if is_chunk_data(key) {
+                        chunk_gets.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
         FailingStore {
-            inner,
-            budget: Arc::new(AtomicU64::new(u64::MAX)),
-            chunk_gets: AtomicU64::new(0),
+            store: Arc::new(store),
+            budget,
+            chunk_gets,
         }
+    }
+
+    /// The store to hand to the code under test.
+    pub fn store(&self) -> Arc<dyn SnapshotStore> {
+        self.store.clone()
     }
 
     /// Fail every upload after `bytes` bytes.
@@ -49,68 +87,6 @@ impl FailingStore {
     /// Stop failing.
     pub fn heal(&self) {
         self.budget.store(u64::MAX, Ordering::SeqCst);
-    }
-}
-
-#[async_trait]
-#[deny(clippy::missing_trait_methods)]
-impl SnapshotStore for FailingStore {
-    fn name(&self) -> &'static str {
-        "failing"
-    }
-
-    fn reach(&self) -> Reach {
-        self.inner.reach()
-    }
-
-    fn write_hints(&self) -> WriteHints {
-        self.inner.write_hints()
-    }
-
-    async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
-        let budget = self.budget.load(Ordering::SeqCst);
-        let mut seen = 0u64;
-        let limited = data
-            .map(move |chunk| {
-                let chunk = chunk?;
-                seen += chunk.len() as u64;
-                if seen > budget {
-                    return Err(Error::Unavailable {
-                        service: "snapshot store (injected failure)".into(),
-                        reason: format!("connection lost after {budget} bytes"),
-                        source: None,
-                    });
-                }
-                Ok(chunk)
-            })
-            .boxed();
-        self.inner.put(key, limited, size).await
-    }
-
-    async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
-        if is_chunk_data(key) {
-            self.chunk_gets.fetch_add(1, Ordering::SeqCst);
-        }
-        self.inner.get(key).await
-    }
-
-    async fn get_range(&self, key: &BlobKey, offset: u64, len: u64) -> Result<ByteStream> {
-        if is_chunk_data(key) {
-            self.chunk_gets.fetch_add(1, Ordering::SeqCst);
-        }
-        self.inner.get_range(key, offset, len).await
-    }
-
-    async fn exists(&self, key: &BlobKey) -> Result<bool> {
-        self.inner.exists(key).await
-    }
-
-    async fn delete(&self, key: &BlobKey) -> Result<()> {
-        self.inner.delete(key).await
-    }
-
-    fn list(&self, prefix: &str) -> BlobStream {
-        self.inner.list(prefix)
     }
 }
 
@@ -303,12 +279,17 @@ impl SnapshotStore for CountingStore {
 /// input to pass on (as it is, or wrapped to act as bytes go through).
 pub type PutHook = dyn Fn(&BlobKey, ByteStream) -> ByteStream + Send + Sync;
 
+/// What [`HookedStore`] runs at each `get` and `get_range`: it sees the key.
+pub type GetHook = dyn Fn(&BlobKey) + Send + Sync;
+
 /// Forwards every call to a store; runs a hook at each `put` before passing it on (take a
-/// server away, cut or watch the input), and keeps a value alive as long as the store (a
-/// clean-up guard whose `Drop` purges what the tests wrote).
+/// server away, cut or watch the input) and one at each `get` and ranged `get` (count
+/// reads), and keeps a value alive as long as the store (a clean-up guard whose `Drop`
+/// purges what the tests wrote).
 pub struct HookedStore {
     inner: Arc<dyn SnapshotStore>,
     on_put: Option<Box<PutHook>>,
+    on_get: Option<Box<GetHook>>,
     hints: Option<WriteHints>,
     _keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
@@ -318,6 +299,7 @@ impl std::fmt::Debug for HookedStore {
         f.debug_struct("HookedStore")
             .field("inner", &self.inner)
             .field("on_put", &self.on_put.is_some())
+            .field("on_get", &self.on_get.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -328,6 +310,7 @@ impl HookedStore {
         HookedStore {
             inner,
             on_put: None,
+            on_get: None,
             hints: None,
             _keep: None,
         }
@@ -339,6 +322,12 @@ impl HookedStore {
         hook: impl Fn(&BlobKey, ByteStream) -> ByteStream + Send + Sync + 'static,
     ) -> Self {
         self.on_put = Some(Box::new(hook));
+        self
+    }
+
+    /// Run `hook` at every `get` and `get_range`, before passing it on.
+    pub fn on_get(mut self, hook: impl Fn(&BlobKey) + Send + Sync + 'static) -> Self {
+        self.on_get = Some(Box::new(hook));
         self
     }
 
@@ -396,10 +385,16 @@ impl SnapshotStore for HookedStore {
     }
 
     async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
+        if let Some(hook) = &self.on_get {
+            hook(key);
+        }
         self.inner.get(key).await
     }
 
     async fn get_range(&self, key: &BlobKey, offset: u64, len: u64) -> Result<ByteStream> {
+        if let Some(hook) = &self.on_get {
+            hook(key);
+        }
         self.inner.get_range(key, offset, len).await
     }
 
