@@ -155,6 +155,14 @@ impl OssOptions {
         Ok(())
     }
 
+    /// The most bytes of one upload's input held in memory at once (parts of the first 1,000
+    /// sizes): a blob up to `single_put_max` whole, or the parts in flight and the one being
+    /// filled.
+    pub(crate) fn buffered_per_put(&self) -> u64 {
+        let parts = (self.max_parts_in_flight as u64 + 1).saturating_mul(self.part_size as u64);
+        parts.max(self.single_put_max as u64)
+    }
+
     /// The size of part `index` (from 0) of a multipart upload of a blob of `known` length
     /// (or of unknown length).
     pub(crate) fn part_len(&self, index: usize, known: Option<u64>) -> usize {
@@ -222,6 +230,14 @@ mod tests {
             "the smallest that fits"
         );
         assert_eq!(o.part_len(0, Some(u64::MAX)), MAX_PART);
+    }
+
+    #[test]
+    fn a_put_holds_a_single_put_blob_or_its_parts() {
+        // Defaults: three 5 MiB parts in flight and one filling pass the 16 MiB single PUT.
+        assert_eq!(OssOptions::default().buffered_per_put(), 20 * MIB as u64);
+        let one_put = OssOptions::default().single_put_max(64 * MIB);
+        assert_eq!(one_put.buffered_per_put(), 64 * MIB as u64);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt as _, PutMode};
-use sandbox_core::snapshot::{BlobKey, BlobMeta, BlobStream, SnapshotStore};
+use sandbox_core::snapshot::{BlobKey, BlobMeta, BlobStream, SnapshotStore, WriteHints};
 use sandbox_core::stream::ByteStream;
 use sandbox_core::{Error, Reach, Result};
 use tracing::Instrument as _;
@@ -290,6 +290,12 @@ impl SnapshotStore for OssSnapshotStore {
 
     fn reach(&self) -> Reach {
         self.inner.reach
+    }
+
+    /// A blob up to `single_put_max` is held whole for its one `PUT`; a larger one holds the
+    /// parts in flight.
+    fn write_hints(&self) -> WriteHints {
+        WriteHints::buffering(self.inner.options.buffered_per_put())
     }
 
     async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {

@@ -2,17 +2,16 @@
 //! scenario) on the local backend, and the store going down in the middle of a stop: a typed
 //! retryable error, and the previous snapshot still current and restorable.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use futures::FutureExt as _;
-use sandbox_core::snapshot::{BlobKey, BlobStream, SnapshotStore};
-use sandbox_core::stream::ByteStream;
-use sandbox_core::testkit::{Fixture, OnStore};
+use sandbox_core::snapshot::SnapshotStore;
+use sandbox_core::testkit::{Fixture, HookedStore, OnStore};
 use sandbox_core::{
-    ExecRequest, FileStateStore, InProcessGuard, IsolationScope, Persistence, Reach, Result,
-    SandboxConfig, SandboxManager, SnapshotSpec, WorkspaceSpec,
+    ExecRequest, FileStateStore, InProcessGuard, IsolationScope, Persistence, SandboxConfig,
+    SandboxManager, SnapshotSpec, WorkspaceSpec,
 };
 use sandbox_local::testkit::LocalFixture;
 use snapshot_oss::testkit::{S3fs, unique_bucket};
@@ -47,54 +46,6 @@ enum Outage {
     Slow,
 }
 
-/// Forwards to an S3 store; once armed, takes the server away at the next `put`, before
-/// passing it on: the stop has started (it may have read the parent's manifest) and its upload
-/// meets a store that is gone or silent.
-#[derive(Debug)]
-struct KillAtPut {
-    inner: Arc<dyn SnapshotStore>,
-    server: Arc<Mutex<S3fs>>,
-    armed: std::sync::atomic::AtomicBool,
-    outage: Outage,
-    puts_after_kill: std::sync::atomic::AtomicUsize,
-}
-
-#[async_trait]
-impl SnapshotStore for KillAtPut {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn reach(&self) -> Reach {
-        self.inner.reach()
-    }
-    async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
-        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            match self.outage {
-                Outage::Down => self.server.lock().unwrap().kill(),
-                Outage::Slow => self.server.lock().unwrap().pause(),
-            }
-            self.puts_after_kill
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-        self.inner.put(key, data, size).await
-    }
-    async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
-        self.inner.get(key).await
-    }
-    async fn get_range(&self, key: &BlobKey, offset: u64, len: u64) -> Result<ByteStream> {
-        self.inner.get_range(key, offset, len).await
-    }
-    async fn exists(&self, key: &BlobKey) -> Result<bool> {
-        self.inner.exists(key).await
-    }
-    async fn delete(&self, key: &BlobKey) -> Result<()> {
-        self.inner.delete(key).await
-    }
-    fn list(&self, prefix: &str) -> BlobStream {
-        self.inner.list(prefix)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(s3_tests), ignore = "needs s3s-fs; run by cargo xtask test")]
 async fn store_down_mid_stop_is_retryable_and_keeps_the_previous_snapshot() {
@@ -124,13 +75,25 @@ async fn outage_mid_stop(outage: Outage) {
             .unwrap(),
     );
     let server = Arc::new(Mutex::new(server));
-    let store = Arc::new(KillAtPut {
-        inner: s3,
-        server: server.clone(),
-        armed: false.into(),
-        outage,
-        puts_after_kill: 0.into(),
-    });
+    // Once armed, the next `put` takes the server away before it is passed on: the stop has
+    // started (it may have read the parent's manifest) and its upload meets a store that is
+    // gone or silent.
+    let armed = Arc::new(AtomicBool::new(false));
+    let puts_after_kill = Arc::new(AtomicUsize::new(0));
+    let store: Arc<dyn SnapshotStore> = Arc::new(HookedStore::new(s3).on_put({
+        let (server, armed, puts_after_kill) =
+            (server.clone(), armed.clone(), puts_after_kill.clone());
+        move |_, data| {
+            if armed.swap(false, Ordering::SeqCst) {
+                match outage {
+                    Outage::Down => server.lock().unwrap().kill(),
+                    Outage::Slow => server.lock().unwrap().pause(),
+                }
+                puts_after_kill.fetch_add(1, Ordering::SeqCst);
+            }
+            data
+        }
+    }));
     let fx = LocalFixture::new();
     let dir = tempfile::tempdir().unwrap();
     let states = Arc::new(FileStateStore::new(dir.path().join("states")));
@@ -165,15 +128,13 @@ async fn outage_mid_stop(outage: Outage) {
         .await
         .expect("the first call");
 
-    store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    armed.store(true, Ordering::SeqCst);
     let err = manager
         .call(&ctx, sh("echo v2 > v.txt"))
         .await
         .expect_err("the snapshot cannot be written");
     assert_eq!(
-        store
-            .puts_after_kill
-            .load(std::sync::atomic::Ordering::SeqCst),
+        puts_after_kill.load(Ordering::SeqCst),
         1,
         "the server went away during the stop"
     );

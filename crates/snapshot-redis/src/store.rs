@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use redis::Value;
-use sandbox_core::snapshot::{BlobKey, BlobMeta, BlobStream, SnapshotStore};
+use sandbox_core::snapshot::{BlobKey, BlobMeta, BlobStream, SnapshotStore, WriteHints};
 use sandbox_core::stream::ByteStream;
 use sandbox_core::{Error, Reach, Result};
 use store_redis::conn::{Conn, Damage, strings};
@@ -733,6 +733,12 @@ impl SnapshotStore for RedisSnapshotStore {
 
     fn reach(&self) -> Reach {
         Reach::Cluster
+    }
+
+    /// The part being filled and the parts in flight, each with its encoded copy.
+    fn write_hints(&self) -> WriteHints {
+        let i = &self.inner;
+        WriteHints::buffering((2 * i.in_flight as u64 + 1) * i.part_size as u64)
     }
 
     #[tracing::instrument(level = "debug", name = "redis_blob_put", skip_all, fields(key = %key, size = ?size))]

@@ -10,15 +10,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use sandbox_core::snapshot::{
-    BlobKey, BlobStream, SnapshotFormat, SnapshotStore, SnapshotStoreExt as _,
-};
-use sandbox_core::stream::{self, ByteStream};
+use sandbox_core::snapshot::{BlobKey, SnapshotFormat, SnapshotStore, SnapshotStoreExt as _};
+use sandbox_core::stream;
+use sandbox_core::testkit::HookedStore;
 use sandbox_core::testkit::blobs::{pattern, pieces};
 use sandbox_core::{
     Acquire, CallContext, Error, ErrorKind, ExecRequest, FileStateStore, IsolationScope,
-    Persistence, Reach, Result, SandboxConfig, SandboxManager, SnapshotSpec, WorkspaceSpec,
-    async_trait,
+    Persistence, Result, SandboxConfig, SandboxManager, SnapshotSpec, WorkspaceSpec,
 };
 use sandbox_local::{LocalClient, LocalOptions};
 use snapshot_redis::{RedisSnapshotOptions, RedisSnapshotStore};
@@ -441,14 +439,6 @@ async fn redis_down_or_paused_is_a_retryable_error() {
     retryable("list, down", listed[0].as_ref().unwrap_err());
 }
 
-/// Kills the server by its pid once a put's input has passed `after` bytes (armed once).
-#[derive(Debug)]
-struct KillMidPut {
-    inner: RedisSnapshotStore,
-    pid: Mutex<Option<u32>>,
-    after: usize,
-}
-
 fn kill(pid: u32) {
     let status = std::process::Command::new("kill")
         .arg("-KILL")
@@ -458,48 +448,29 @@ fn kill(pid: u32) {
     assert!(status.success());
 }
 
-#[async_trait]
-#[deny(clippy::missing_trait_methods)]
-impl SnapshotStore for KillMidPut {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn reach(&self) -> Reach {
-        self.inner.reach()
-    }
-    async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
-        let Some(pid) = self.pid.lock().unwrap().take() else {
-            return self.inner.put(key, data, size).await;
+/// Forwards to `inner`; the first put after `pid` is set kills the server by that pid once its
+/// input has passed `after` bytes.
+fn kill_mid_put(
+    inner: Arc<dyn SnapshotStore>,
+    pid: Arc<Mutex<Option<u32>>>,
+    after: usize,
+) -> HookedStore {
+    HookedStore::new(inner).on_put(move |_, data| {
+        let Some(pid) = pid.lock().unwrap().take() else {
+            return data;
         };
-        let (after, mut seen) = (self.after, 0usize);
-        let data = data
-            .inspect(move |chunk| {
-                if let Ok(c) = chunk {
-                    let before = seen;
-                    seen += c.len();
-                    if before < after && seen >= after {
-                        kill(pid);
-                    }
+        let mut seen = 0usize;
+        data.inspect(move |chunk| {
+            if let Ok(c) = chunk {
+                let before = seen;
+                seen += c.len();
+                if before < after && seen >= after {
+                    kill(pid);
                 }
-            })
-            .boxed();
-        self.inner.put(key, data, size).await
-    }
-    async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
-        self.inner.get(key).await
-    }
-    async fn get_range(&self, key: &BlobKey, offset: u64, len: u64) -> Result<ByteStream> {
-        self.inner.get_range(key, offset, len).await
-    }
-    async fn exists(&self, key: &BlobKey) -> Result<bool> {
-        self.inner.exists(key).await
-    }
-    async fn delete(&self, key: &BlobKey) -> Result<()> {
-        self.inner.delete(key).await
-    }
-    fn list(&self, prefix: &str) -> BlobStream {
-        self.inner.list(prefix)
-    }
+            }
+        })
+        .boxed()
+    })
 }
 
 fn manager(
@@ -557,11 +528,12 @@ async fn killed_mid_stop(format: SnapshotFormat, after: usize) {
         .part_size(64 * 1024)
         .connect_timeout(Duration::from_millis(500))
         .response_timeout(Duration::from_millis(1000));
-    let store = Arc::new(KillMidPut {
-        inner: RedisSnapshotStore::new(options.clone()).unwrap(),
-        pid: Mutex::new(None),
+    let pid = Arc::new(Mutex::new(None));
+    let store: Arc<dyn SnapshotStore> = Arc::new(kill_mid_put(
+        Arc::new(RedisSnapshotStore::new(options.clone()).unwrap()),
+        pid.clone(),
         after,
-    });
+    ));
     let states = Arc::new(FileStateStore::new(tmp.path().join("states")));
     let m = manager(&tmp.path().join("host-a"), &states, store.clone(), format);
     let ctx = CallContext::new("redis-snap").user("alice");
@@ -583,12 +555,9 @@ async fn killed_mid_stop(format: SnapshotFormat, after: usize) {
         ))
         .await
         .expect("exec");
-    *store.pid.lock().unwrap() = server.pid();
+    *pid.lock().unwrap() = server.pid();
     let err = call.finish().await.expect_err("Redis died mid-stop");
-    assert!(
-        store.pid.lock().unwrap().is_none(),
-        "the kill happened in a put"
-    );
+    assert!(pid.lock().unwrap().is_none(), "the kill happened in a put");
     retryable("stop", &err.error);
     assert!(!err.report.expect("report").persisted);
 

@@ -3,7 +3,8 @@
 //!
 //! Writing (manifest version 2): chunks the parent does not have — small files are one chunk
 //! each — are appended to *packs* (see [`super::pack`]): one streamed `put` per pack of about
-//! [`SnapshotSpec::pack_size`] bytes, a few in flight at once. Each byte of the export is read
+//! [`SnapshotSpec::pack_size`] bytes, two in flight at once as far as what the store holds of
+//! them stays within [`SnapshotSpec::upload_buffer`] (see [`PackWriter`]). Each byte of the export is read
 //! once; a chunk is hashed once, and a file's own hash is that chunk's when the file is a
 //! single chunk. A file of several chunks is hashed a second time as a whole (the manifest pins
 //! whole-file BLAKE3s, which change detection and live-file reuse compare with), on a thread of
@@ -29,7 +30,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::sync::{Mutex, Semaphore, mpsc};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::manifest::{ChunkLocation, ChunkRef, Manifest};
 use super::pack::{
@@ -45,11 +46,10 @@ use crate::stream::{self, ByteStream};
 /// Largest bundle accepted on restore (bundles were written up to the maximum chunk size).
 const MAX_BUNDLE: usize = 64 << 20;
 
-/// Packs being uploaded at once by one snapshot. A store may hold a whole pack in memory
-/// before it sends it (S3 sends a blob of unknown length up to 16 MiB as one `PUT`), so this
-/// times `pack_size` bounds a snapshot's upload memory: with 4, a 100 MiB snapshot to S3 peaked
-/// at 81 MiB RSS, with 2 at 50 MiB (`cargo xtask bench snapshot B --store s3`).
-const PACKS_IN_FLIGHT: usize = 2;
+/// Packs being uploaded at once by one snapshot, at most. What the store holds of them together
+/// is bounded by [`SnapshotSpec::upload_buffer`] as well (see [`PackWriter`]); to a store that
+/// streams, two packs in flight let one finish while the next fills.
+const MAX_PACKS_IN_FLIGHT: usize = 2;
 
 /// What the chunker learned about one exported file.
 struct FileChunks {
@@ -90,7 +90,7 @@ pub(super) async fn take(
             .await?;
         let policy = spec.policy;
         let cdc = spec.chunking;
-        let packs = PackWriter::new(spec.store.clone(), spec.pack_size);
+        let packs = PackWriter::new(spec.store.clone(), spec.pack_size, spec.upload_buffer);
         let chunker = tokio::task::spawn_blocking(move || {
             let mut reader = stream::blocking_reader(exported);
             Chunker { cdc, known, packs }.run(&mut reader, policy)
@@ -147,11 +147,24 @@ type PutHandle = tokio::task::JoinHandle<Result<u64>>;
 
 /// Appends chunks to packs, each one streamed `put` (run on the runtime) fed through a short
 /// channel: the chunker never holds more than a few chunks per open pack.
+///
+/// Memory bound: a store may hold up to [`WriteHints::buffered_per_put`] bytes of each put
+/// (S3 holds a pack whole for its one `PUT`). Before a chunk goes to its pack's put, the bytes
+/// the store may newly hold because of it are reserved from a budget of `upload_buffer` bytes,
+/// and given back only when that put returns; the chunker waits for them. So what the store
+/// holds of all packs in flight never passes the budget, and where one pack alone would (the
+/// store holds more than the budget and packs are larger), packs are cut at the budget.
+///
+/// [`WriteHints::buffered_per_put`]: super::WriteHints::buffered_per_put
 struct PackWriter {
     rt: tokio::runtime::Handle,
     store: Arc<dyn SnapshotStore>,
     target: u64,
+    /// What the store holds of one put at most, as reserved (never more than the budget).
+    held_per_put: u64,
     slots: Arc<Semaphore>,
+    /// The upload budget, one permit per byte.
+    memory: Arc<Semaphore>,
     open: Option<OpenPack>,
     puts: Vec<PutHandle>,
 }
@@ -161,21 +174,36 @@ struct OpenPack {
     tx: mpsc::Sender<Result<Bytes>>,
     len: u64,
     chunks: usize,
+    /// The budget this pack's bytes hold; shared with its upload task, so it is given back
+    /// once the pack is sealed and its put has returned.
+    reserved: Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>,
 }
 
 impl PackWriter {
-    fn new(store: Arc<dyn SnapshotStore>, target: u64) -> Self {
+    fn new(store: Arc<dyn SnapshotStore>, pack_size: u64, upload_buffer: u64) -> Self {
+        let budget = upload_buffer.clamp(1, Semaphore::MAX_PERMITS as u64);
+        let held = store.write_hints().buffered_per_put;
+        let pack_size = pack_size.max(1);
+        // A pack the store would hold whole past the budget: smaller packs instead.
+        let target = if pack_size.min(held) > budget {
+            budget
+        } else {
+            pack_size
+        };
         PackWriter {
             rt: tokio::runtime::Handle::current(),
             store,
-            target: target.max(1),
-            slots: Arc::new(Semaphore::new(PACKS_IN_FLIGHT)),
+            target,
+            held_per_put: held.min(budget),
+            slots: Arc::new(Semaphore::new(MAX_PACKS_IN_FLIGHT)),
+            memory: Arc::new(Semaphore::new(budget as usize)),
             open: None,
             puts: Vec::new(),
         }
     }
 
-    /// Append one chunk; returns where it will be. Blocks while the pack's upload is behind.
+    /// Append one chunk; returns where it will be. Blocks while the pack's upload is behind,
+    /// and while the uploads in flight hold the budget this chunk needs.
     /// A pack never grows past its target (unless one chunk alone does): a chunk that would
     /// take it over starts the next one, so a store that sends blobs up to a limit in one
     /// request (S3: 16 MiB) sends each full pack in one.
@@ -192,6 +220,24 @@ impl PackWriter {
         }
         let open = self.open.as_mut().expect("opened above");
         let at = (open.id, open.len);
+        // The bytes of this chunk the store may hold beyond what the pack holds already.
+        let cap = self.held_per_put;
+        let need = (open.len + data.len() as u64).min(cap) - open.len.min(cap);
+        if need > 0 {
+            let permit = self
+                .rt
+                .block_on(
+                    self.memory
+                        .clone()
+                        .acquire_many_owned(u32::try_from(need).unwrap_or(u32::MAX)),
+                )
+                .expect("the semaphore is never closed");
+            let mut reserved = open.reserved.lock().expect("not poisoned");
+            match reserved.as_mut() {
+                Some(held) => held.merge(permit),
+                None => *reserved = Some(permit),
+            }
+        }
         open.len += data.len() as u64;
         open.chunks += 1;
         if open.tx.blocking_send(Ok(data)).is_err() {
@@ -212,16 +258,21 @@ impl PackWriter {
         let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(4);
         let id = PackId::generate();
         let store = self.store.clone();
+        let reserved = Arc::new(std::sync::Mutex::new(None));
+        let held = reserved.clone();
         self.puts.push(self.rt.spawn(async move {
             let _permit = permit;
             let data = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed();
-            store.put(&id.key(), data, None).await
+            let put = store.put(&id.key(), data, None).await;
+            drop(held); // the store holds none of the pack any more
+            put
         }));
         OpenPack {
             id,
             tx,
             len: 0,
             chunks: 0,
+            reserved,
         }
     }
 
@@ -840,6 +891,81 @@ impl Read for PieceReader<'_> {
 mod tests {
     use super::*;
     use crate::snapshot::{LocalDirSnapshotStore, SnapshotStore};
+    use crate::testkit::{CountingStore, holds_whole_puts};
+
+    /// Writes `chunks` chunks of `chunk` bytes through a [`PackWriter`]; returns the sizes of
+    /// the packs written and what the puts held at most at once.
+    async fn write_packs(
+        store: Arc<dyn SnapshotStore>,
+        pack_size: u64,
+        upload_buffer: u64,
+        chunks: usize,
+        chunk: usize,
+    ) -> (Vec<u64>, u64) {
+        let counting = Arc::new(CountingStore::new(store.clone()));
+        let puts = tokio::task::spawn_blocking({
+            let counting: Arc<dyn SnapshotStore> = counting.clone();
+            move || {
+                let mut packs = PackWriter::new(counting, pack_size, upload_buffer);
+                for i in 0..chunks {
+                    packs
+                        .append(Bytes::from(vec![i as u8; chunk]))
+                        .expect("append");
+                }
+                packs.finish(true)
+            }
+        })
+        .await
+        .expect("writer");
+        for put in puts {
+            put.await.expect("join").expect("put");
+        }
+        let stored = crate::snapshot::SnapshotStoreExt::list_all(&*store, "packs/")
+            .await
+            .expect("list");
+        let sizes = stored.iter().map(|m| m.size).collect();
+        (sizes, counting.counts().max_put_bytes_in_flight)
+    }
+
+    /// The memory bound of the upload: a store that holds whole puts (S3) never holds more
+    /// than `upload_buffer` of the packs in flight, however large the snapshot; packs are cut
+    /// smaller only where one would pass the budget alone; a streaming store is not held back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn uploads_hold_at_most_the_upload_buffer() {
+        const KIB: u64 = 1024;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let holding = |holds: u64, name: &str| -> Arc<dyn SnapshotStore> {
+            let local = Arc::new(LocalDirSnapshotStore::new(dir.path().join(name)));
+            Arc::new(holds_whole_puts(local, holds))
+        };
+
+        // Full packs of 256 KiB, a budget of one and a half: the next pack fills while one
+        // uploads, but never a second whole pack (two in flight would hold 512 KiB).
+        let (packs, held) =
+            write_packs(holding(1 << 20, "a"), 256 * KIB, 384 * KIB, 96, 32 << 10).await;
+        assert_eq!(packs, vec![256 * KIB; 12], "full packs");
+        assert!(held <= 384 * KIB, "held {held} B at once");
+        assert!(
+            held >= 256 * KIB,
+            "a whole pack was held ({held} B): the store buffers"
+        );
+
+        // The store holds more than the budget and packs are larger: packs cut at the budget.
+        let (packs, held) =
+            write_packs(holding(1 << 20, "b"), 256 * KIB, 128 * KIB, 48, 32 << 10).await;
+        assert_eq!(packs, vec![128 * KIB; 12], "packs cut at the budget");
+        assert!(held <= 128 * KIB, "held {held} B at once");
+
+        // A store that streams: packs of the configured size, nothing reserved.
+        let local: Arc<dyn SnapshotStore> =
+            Arc::new(LocalDirSnapshotStore::new(dir.path().join("c")));
+        let (packs, _) = write_packs(local, 256 * KIB, 128 * KIB, 48, 32 << 10).await;
+        assert_eq!(
+            packs,
+            vec![256 * KIB; 6],
+            "a streaming store keeps full packs"
+        );
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn packs_stay_within_their_target() {
@@ -850,7 +976,7 @@ mod tests {
         let (puts, placed) = tokio::task::spawn_blocking({
             let store = store.clone();
             move || {
-                let mut packs = PackWriter::new(store, target);
+                let mut packs = PackWriter::new(store, target, target);
                 let placed: Vec<(PackId, u64)> = lens
                     .iter()
                     .map(|&n| packs.append(Bytes::from(vec![7u8; n])).expect("append"))

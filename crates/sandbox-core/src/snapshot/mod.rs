@@ -50,7 +50,7 @@ pub use manifest::{
 pub use pack::PackId;
 pub use store::{
     BlobKey, BlobMeta, BlobStream, LocalDirSnapshotStore, NoopSnapshotStore, SnapshotStore,
-    SnapshotStoreExt,
+    SnapshotStoreExt, WriteHints,
 };
 
 use crate::archive::{ArchivePolicy, Excludes};
@@ -145,11 +145,22 @@ pub struct SnapshotSpec {
     /// chunk that would take it over starts the next pack; a single larger chunk is a pack of
     /// its own) and at most [`pack::MAX_PACK_CHUNKS`] chunks. Default [`DEFAULT_PACK_SIZE`].
     pub pack_size: u64,
+    /// The most bytes of pack uploads the store may hold in memory at once, over all packs in
+    /// flight (what one put holds is the store's [`WriteHints::buffered_per_put`]). Packs
+    /// upload while the next ones fill only as far as this allows, and when one pack alone
+    /// would pass it (a store that holds a whole pack before it sends it), packs are cut at
+    /// this size. Nothing is held for a store that streams. Default
+    /// [`DEFAULT_UPLOAD_BUFFER`].
+    pub upload_buffer: u64,
 }
 
 /// Default [`SnapshotSpec::pack_size`]: 16 MiB — a full snapshot is a few uploads, and the last
 /// pack's flush (the part of the upload no chunking overlaps) stays short.
 pub const DEFAULT_PACK_SIZE: u64 = 16 << 20;
+
+/// Default [`SnapshotSpec::upload_buffer`]: 16 MiB — one full pack held by a store that sends
+/// it in one request (S3), so a snapshot of any size stays within 64 MiB RSS.
+pub const DEFAULT_UPLOAD_BUFFER: u64 = 16 << 20;
 
 impl Default for SnapshotSpec {
     fn default() -> Self {
@@ -169,6 +180,7 @@ impl SnapshotSpec {
             concurrency: 8,
             restore_prefetch: 2,
             pack_size: DEFAULT_PACK_SIZE,
+            upload_buffer: DEFAULT_UPLOAD_BUFFER,
         }
     }
 
@@ -210,6 +222,12 @@ impl SnapshotSpec {
     /// Set the pack target size (chunked format).
     pub fn pack_size(mut self, bytes: u64) -> Self {
         self.pack_size = bytes.max(1);
+        self
+    }
+
+    /// Set the memory bound of pack uploads held by the store (chunked format).
+    pub fn upload_buffer(mut self, bytes: u64) -> Self {
+        self.upload_buffer = bytes.max(1);
         self
     }
 

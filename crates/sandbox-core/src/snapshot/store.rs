@@ -107,6 +107,33 @@ impl BlobMeta {
     }
 }
 
+/// How a store's `put` holds its input in memory: what a writer keeping several puts running
+/// at once (the chunked format's packs) needs to bound the memory they hold together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct WriteHints {
+    /// The most bytes of one `put`'s input the store holds in memory at once, beyond the few
+    /// buffers of the stream it is reading: a store that sends a blob up to some size in one
+    /// request holds such a blob whole until it is sent (S3: `single_put_max`), one that
+    /// pipelines parts holds the parts in flight; a store that writes what it reads holds
+    /// next to nothing (0, the default).
+    pub buffered_per_put: u64,
+}
+
+impl WriteHints {
+    /// A store that writes its input as it reads it.
+    pub const STREAMING: WriteHints = WriteHints {
+        buffered_per_put: 0,
+    };
+
+    /// A store whose `put` holds up to `bytes` of its input in memory.
+    pub fn buffering(bytes: u64) -> Self {
+        WriteHints {
+            buffered_per_put: bytes,
+        }
+    }
+}
+
 /// A keyed blob store that snapshots (archives, manifests, chunks) are written to.
 ///
 /// Contract: `put` is atomic (a reader sees the whole blob or nothing, never a prefix, also
@@ -120,6 +147,14 @@ pub trait SnapshotStore: Send + Sync + fmt::Debug + 'static {
     /// snapshotting altogether), [`Reach::Host`] for a local directory, [`Reach::Cluster`]
     /// for a shared service.
     fn reach(&self) -> Reach;
+
+    /// How `put` holds its input in memory (the chunked format sizes its uploads in flight by
+    /// it: [`SnapshotSpec::upload_buffer`](super::SnapshotSpec::upload_buffer)). The default
+    /// says the store streams; a store that buffers must say how much, and a wrapper must
+    /// forward it.
+    fn write_hints(&self) -> WriteHints {
+        WriteHints::STREAMING
+    }
 
     /// Store `data` under `key`, replacing any previous blob. `size` is the exact length when
     /// the caller knows it (a store may then send a small blob in one request instead of a
@@ -540,7 +575,7 @@ mod suite {
 
         async fn wrapped() -> (Arc<dyn SnapshotStore>, tempfile::TempDir) {
             let (inner, dir) = super::local().await;
-            (Arc::new(FailingStore::new(inner)), dir)
+            (FailingStore::new(inner).store(), dir)
         }
 
         crate::blob_store_tests!(wrapped(), listing_blobs = 10);
@@ -629,6 +664,74 @@ mod tests {
             .collect();
         assert!(names.is_empty(), "left behind: {names:?}");
         assert!(!store.exists(&key).await.unwrap());
+    }
+
+    /// A write that fails in the blocking writer — the disk is full: the temporary is made to
+    /// be `/dev/full`, where every write fails with `ENOSPC` — is a typed I/O error; the
+    /// temporary is removed and the blob the put would have replaced is still whole.
+    #[tokio::test]
+    async fn failing_write_leaves_no_temporary_and_keeps_old_blob() {
+        const NAME: &str = "disk-full-victim";
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirSnapshotStore::new(dir.path());
+        let key = BlobKey::new(NAME).unwrap();
+        store.put_bytes(&key, "old".into()).await.unwrap();
+        // A temporary is `.tmp-<pid>-<seq>-<name>`, `seq` from a counter that tests running
+        // beside this one advance too: every name the put may take in a window is a link to
+        // /dev/full, and a put that drew past the window is tried again.
+        for _ in 0..10 {
+            let first = TMP_SEQ.load(Ordering::SeqCst);
+            let links: Vec<PathBuf> = (first..first + 64)
+                .map(|seq| {
+                    dir.path()
+                        .join(format!(".tmp-{}-{seq}-{NAME}", std::process::id()))
+                })
+                .collect();
+            for link in &links {
+                std::os::unix::fs::symlink("/dev/full", link).unwrap();
+            }
+            let data: ByteStream = Box::pin(futures::stream::iter(
+                (0..4).map(|_| Ok(bytes::Bytes::from(vec![7u8; 256 * 1024]))),
+            ));
+            let result = store.put(&key, data, None).await;
+            let kept: Vec<&PathBuf> = links
+                .iter()
+                .filter(|l| l.symlink_metadata().is_ok())
+                .collect();
+            for link in &kept {
+                std::fs::remove_file(link).unwrap();
+            }
+            let err = match result {
+                Ok(_) => {
+                    assert_eq!(kept.len(), links.len(), "a put through /dev/full succeeded");
+                    store.put_bytes(&key, "old".into()).await.unwrap();
+                    continue;
+                }
+                Err(e) => e,
+            };
+            match &err {
+                Error::Io { source, .. } => {
+                    assert_eq!(source.kind(), std::io::ErrorKind::StorageFull, "{err}")
+                }
+                other => panic!("not an I/O error: {other}"),
+            }
+            assert_eq!(
+                kept.len(),
+                links.len() - 1,
+                "the temporary the put wrote to is removed"
+            );
+            let names: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(names, [NAME], "nothing else is left");
+            let got = stream::collect(store.get(&key).await.unwrap(), 100)
+                .await
+                .unwrap();
+            assert_eq!(&got[..], b"old");
+            return;
+        }
+        panic!("the put never drew a name in the window");
     }
 
     #[tokio::test]

@@ -25,7 +25,7 @@ use crate::guard::{Lease, LeaseHandle, SandboxExecutionGuard};
 use crate::isolation::IsolationKey;
 use crate::path::RelPath;
 use crate::reach::Reach;
-use crate::snapshot::{BlobKey, BlobStream, SnapshotStore};
+use crate::snapshot::{BlobKey, BlobStream, SnapshotStore, WriteHints};
 use crate::spec::WorkspaceSpec;
 use crate::state::SandboxState;
 use crate::state_store::StateStore;
@@ -370,6 +370,9 @@ impl SnapshotStore for FaultySnapshotStore {
     }
     fn reach(&self) -> Reach {
         self.inner.reach()
+    }
+    fn write_hints(&self) -> WriteHints {
+        self.inner.write_hints()
     }
     async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
         let label = if key.as_str().ends_with(".manifest") {

@@ -28,7 +28,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use stores::{CountingStore, FailingStore, StoreCounts};
+pub use stores::{
+    CountingStore, FailingStore, GetHook, HookedStore, PutHook, StoreCounts, holds_whole_puts,
+};
 
 use crate::backend::{Persistence, SandboxClient};
 use crate::error::Error;
@@ -779,8 +781,8 @@ pub async fn hostile_snapshot_rejected(fx: &dyn Fixture) {
 /// the stored state pointing at the previous snapshot, which still restores.
 pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
     let env = Env::of(fx).await;
-    let failing = Arc::new(FailingStore::new(env.snapshots.clone()));
-    let config = SandboxConfig::new(spec()).snapshots(SnapshotSpec::new(failing.clone()));
+    let failing = FailingStore::new(env.snapshots.clone());
+    let config = SandboxConfig::new(spec()).snapshots(SnapshotSpec::new(failing.store()));
     let m = env.manager(
         fx.client(Persistence::Ephemeral).await,
         IsolationScope::Session,
@@ -1291,9 +1293,9 @@ pub async fn tamper_chunk(store: &dyn SnapshotStore, chunk: &crate::snapshot::Ch
 /// those from the box (verified by hash) and fetches only the other chunks.
 pub async fn chunked_restore_reuses_live_files(fx: &dyn Fixture) {
     let env = Env::of(fx).await;
-    let counting = Arc::new(FailingStore::new(env.snapshots.clone()));
+    let counting = FailingStore::new(env.snapshots.clone());
     let config = SandboxConfig::new(spec())
-        .snapshots(SnapshotSpec::new(counting.clone()).format(SnapshotFormat::Chunked));
+        .snapshots(SnapshotSpec::new(counting.store()).format(SnapshotFormat::Chunked));
     let m = env.manager(
         fx.client(Persistence::Keep).await,
         IsolationScope::Session,
@@ -1314,7 +1316,7 @@ pub async fn chunked_restore_reuses_live_files(fx: &dyn Fixture) {
     let mut checkpoint =
         state_from_json(first.report.state_json.as_deref().expect("state")).expect("state");
     let snap = checkpoint.common().snapshot.clone().expect("snapshot");
-    let manifest = crate::snapshot::load_manifest(&SnapshotSpec::new(counting.clone()), &snap)
+    let manifest = crate::snapshot::load_manifest(&SnapshotSpec::new(counting.store()), &snap)
         .await
         .expect("manifest");
     let total_chunks: usize = manifest.entries.iter().map(|e| e.chunks.len()).sum();

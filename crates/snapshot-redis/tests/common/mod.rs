@@ -4,10 +4,8 @@
 
 use std::sync::Arc;
 
-use sandbox_core::snapshot::{BlobKey, BlobMeta, BlobStream, SnapshotStore};
-use sandbox_core::stream::ByteStream;
-use sandbox_core::testkit::OnStore;
-use sandbox_core::{Reach, Result, async_trait};
+use sandbox_core::snapshot::{BlobMeta, SnapshotStore};
+use sandbox_core::testkit::{HookedStore, OnStore};
 use sandbox_local::testkit::LocalFixture;
 use snapshot_redis::{RedisSnapshotOptions, RedisSnapshotStore};
 use store_redis::testkit;
@@ -44,66 +42,17 @@ pub async fn store_with(options: RedisSnapshotOptions) -> (Arc<dyn SnapshotStore
     (Arc::new(store), Purge(options))
 }
 
-/// A store that purges its prefix when the last handle goes: for the conformance kit, whose
-/// scenarios keep only the store.
-#[derive(Debug)]
-pub struct Purging {
-    inner: RedisSnapshotStore,
-    purge: PurgeOnDrop,
-}
-
-pub struct PurgeOnDrop(Purge);
-
-impl std::fmt::Debug for PurgeOnDrop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PurgeOnDrop")
-    }
-}
-
-impl Purging {
-    pub fn new(options: RedisSnapshotOptions) -> Purging {
-        Purging {
-            inner: RedisSnapshotStore::new(options.clone()).expect("store"),
-            purge: PurgeOnDrop(Purge(options)),
-        }
-    }
-}
-
-#[async_trait]
-#[deny(clippy::missing_trait_methods)]
-impl SnapshotStore for Purging {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn reach(&self) -> Reach {
-        self.inner.reach()
-    }
-    async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
-        self.inner.put(key, data, size).await
-    }
-    async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
-        self.inner.get(key).await
-    }
-    async fn get_range(&self, key: &BlobKey, offset: u64, len: u64) -> Result<ByteStream> {
-        self.inner.get_range(key, offset, len).await
-    }
-    async fn exists(&self, key: &BlobKey) -> Result<bool> {
-        self.inner.exists(key).await
-    }
-    async fn delete(&self, key: &BlobKey) -> Result<()> {
-        self.inner.delete(key).await
-    }
-    fn list(&self, prefix: &str) -> BlobStream {
-        self.inner.list(prefix)
-    }
-}
-
 /// The local backend with every scenario's snapshots in a Redis store of its own.
 pub fn on_redis(options: fn() -> RedisSnapshotOptions) -> OnStore<LocalFixture> {
     OnStore {
         inner: LocalFixture::new(),
         make: Arc::new(move || {
-            Box::pin(async move { Arc::new(Purging::new(options())) as Arc<dyn SnapshotStore> })
+            Box::pin(async move {
+                // The kit's scenarios keep only the store: it purges its prefix when the last
+                // handle goes.
+                let (store, purge) = store_with(options()).await;
+                Arc::new(HookedStore::new(store).keep(purge)) as Arc<dyn SnapshotStore>
+            })
         }),
     }
 }
