@@ -8,6 +8,8 @@
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
+mod k8s;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
@@ -16,9 +18,11 @@ fn main() -> ExitCode {
         Some("redis-test") => redis_test(&args[1..]),
         Some("s3-test") => s3_test(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("k8s-up") => k8s::up(&args[1..]),
+        Some("k8s-fidelity") => k8s::fidelity(),
         Some("help") | None => {
             println!(
-                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  s3-test [ARGS]  install s3s-fs if missing and run `cargo test ARGS` with SANDBOX_TEST_S3FS set (e.g. -p snapshot-oss)\n  images        build the Docker test images locally (no registry), cached\n  bench snapshot [--store local|s3|redis]... [W]  snapshot engine on each store (default all three; servers started here) vs same-run floors (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json"
+                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  s3-test [ARGS]  install s3s-fs if missing and run `cargo test ARGS` with SANDBOX_TEST_S3FS set (e.g. -p snapshot-oss)\n  images        build the Docker test images locally (no registry), cached; also the k8s test pod image (static sandboxd)\n  k8s-up [ARGS]  build the images and run the Kubernetes test cluster in the foreground (prints kubeconfig, API and router URLs)\n  k8s-fidelity  start the k8s test cluster and run the official Python clients (pinned, target/py-venv) against it\n  bench snapshot [--store local|s3|redis]... [W]  snapshot engine on each store (default all three; servers started here) vs same-run floors (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json"
             );
             Ok(())
         }
@@ -60,6 +64,7 @@ fn test() -> Result<(), String> {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     run_env("cargo", &["test", "--workspace", "--all-features"], &env)?;
     drop(redis);
+    k8s::fidelity()?;
     run("cargo", &["run", "--quiet", "--example", "quickstart"])?;
     println!("xtask test: all passed in {:.0?}", started.elapsed());
     Ok(())
@@ -258,9 +263,13 @@ const DOCKER_RECIPE: &str = "r1";
 const DEBIAN_SUITE: &str = "bookworm";
 const DEBIAN_PACKAGES: &str = "python3,procps";
 
-/// Environment of the test run: the Docker tests are selected by `SANDBOX_TEST_DOCKER=1`.
+/// Environment of the test run: the Docker tests are selected by `SANDBOX_TEST_DOCKER=1`;
+/// the k8s test cluster's pod image is named by `SANDBOX_K8S_POD_IMAGE`.
 fn docker_test_env() -> Vec<(&'static str, String)> {
-    vec![("SANDBOX_TEST_DOCKER", "1".to_owned())]
+    vec![
+        ("SANDBOX_TEST_DOCKER", "1".to_owned()),
+        (K8S_POD_IMAGE_VAR, format!("{K8S_POD_IMAGE}:latest")),
+    ]
 }
 
 /// Under `cargo xtask test` the Docker tests always run: the engine must answer and the
@@ -285,6 +294,7 @@ fn docker_images() -> Result<(), String> {
     let started = Instant::now();
     docker_image(DOCKER_BUSYBOX_IMAGE, build_busybox_rootfs)?;
     docker_image(DOCKER_DEBIAN_IMAGE, build_debian_rootfs)?;
+    k8s_pod_image()?;
     println!(
         "xtask: docker test images ready in {:.0?}",
         started.elapsed()
@@ -394,6 +404,74 @@ fn build_debian_rootfs(dir: &std::path::Path) -> Result<(), String> {
             &format!("cd '{target}' && rm -rf var/cache/apt/archives/*.deb var/lib/apt/lists/*"),
         ],
     )
+}
+
+/// The "pod" image of the k8s test cluster: the Debian test image plus a static `sandboxd`.
+const K8S_POD_IMAGE: &str = "sandbox-harness-test/k8s-pod";
+/// Names the pod image for the tests (default `sandbox-harness-test/k8s-pod:latest`).
+const K8S_POD_IMAGE_VAR: &str = "SANDBOX_K8S_POD_IMAGE";
+const K8S_POD_TARGET: &str = "x86_64-unknown-linux-gnu";
+const K8S_POD_DOCKERFILE: &str = "\
+FROM sandbox-harness-test/debian:r1
+COPY sandboxd /usr/local/bin/sandboxd
+WORKDIR /app
+ENV SANDBOX_BASE_DIR=/app
+EXPOSE 8080 9090 8888
+CMD [\"/usr/local/bin/sandboxd\"]
+";
+
+/// Build `sandboxd` as a static binary (its own `--target` subdirectory of `target/`, so the
+/// `crt-static` flags never touch the normal build's artifacts) and the pod image around it,
+/// tagged by the content hash of the build context (binary + Dockerfile) and `:latest`. An
+/// existing tag is reused.
+fn k8s_pod_image() -> Result<(), String> {
+    let root = workspace_root();
+    run_env(
+        "cargo",
+        &[
+            "build",
+            "--release",
+            "-p",
+            "sandboxd",
+            "--target",
+            K8S_POD_TARGET,
+        ],
+        &[("RUSTFLAGS", "-C target-feature=+crt-static")],
+    )?;
+    let binary = root.join(format!("target/{K8S_POD_TARGET}/release/sandboxd"));
+    let context = root.join("target/xtask-images/k8s-pod");
+    if context.exists() {
+        std::fs::remove_dir_all(&context)
+            .map_err(|e| format!("clearing {}: {e}", context.display()))?;
+    }
+    std::fs::create_dir_all(&context)
+        .map_err(|e| format!("creating {}: {e}", context.display()))?;
+    std::fs::copy(&binary, context.join("sandboxd"))
+        .map_err(|e| format!("copying {}: {e}", binary.display()))?;
+    std::fs::write(context.join("Dockerfile"), K8S_POD_DOCKERFILE)
+        .map_err(|e| format!("writing the Dockerfile: {e}"))?;
+    let hash = Command::new("sh")
+        .arg("-c")
+        .arg("cat sandboxd Dockerfile | sha256sum")
+        .current_dir(&context)
+        .output()
+        .map_err(|e| format!("cannot run sha256sum: {e}"))?;
+    let hash = String::from_utf8_lossy(&hash.stdout);
+    let hash = hash.get(..12).ok_or("sha256sum printed nothing")?;
+    let tag = format!("{K8S_POD_IMAGE}:{hash}");
+    let have = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", &tag])
+        .output()
+        .map_err(|e| format!("cannot run docker: {e}"))?;
+    if have.status.success() {
+        println!("xtask: {tag} is cached");
+    } else {
+        let context = context.display().to_string();
+        run("docker", &["build", "-q", "-t", &tag, &context])?;
+    }
+    run("docker", &["tag", &tag, &format!("{K8S_POD_IMAGE}:latest")])?;
+    let _ = std::fs::remove_dir_all(&context);
+    Ok(())
 }
 
 /// `cargo xtask bench docker`: build the images, then run the benchmark binary (release).
