@@ -20,6 +20,7 @@ use crate::BACKEND;
 use crate::client::Shared;
 use crate::crd::SandboxInfo;
 use crate::dataplane::{Http, Route, encode_segment};
+use crate::legacy;
 use crate::options::{Connection, Runtime};
 use crate::sandboxd::{self, Command};
 use crate::state::{ConnectionKind, K8sState};
@@ -238,19 +239,28 @@ impl K8sBox {
     ) -> Result<ExecResult> {
         let mut argv = vec!["sh".into(), "-c".into(), script.into(), "sandbox".into()];
         argv.extend(args);
-        let r = sandboxd::run(
-            &self.channel().await?,
-            &self.who(),
-            Command {
+        let limits = OutputLimits::both(256 << 20);
+        let r = if self.shared.options.runtime == Runtime::Legacy {
+            let port = self.shared.options.server_port;
+            legacy::run(
+                &self.http(),
+                &self.route()?,
+                port,
+                "/",
+                &argv,
+                limits,
+                HELPER_TIMEOUT,
+            )
+            .await?
+        } else {
+            let command = Command {
                 argv,
                 env: HashMap::new(),
                 cwd: None,
-            },
-            None,
-            OutputLimits::both(256 << 20),
-            HELPER_TIMEOUT,
-        )
-        .await?;
+            };
+            let channel = self.channel().await?;
+            sandboxd::run(&channel, &self.who(), command, None, limits, HELPER_TIMEOUT).await?
+        };
         if r.success() {
             Ok(r)
         } else {
@@ -274,6 +284,13 @@ impl K8sBox {
         input: Option<ByteStream>,
         errors: fn(i32, &str) -> Option<Error>,
     ) -> Result<ByteStream> {
+        if self.shared.options.runtime == Runtime::Legacy {
+            // No stdin and no streamed output through `/execute`.
+            return Err(sandbox_core::not_supported(
+                BACKEND,
+                "tar streams (export, import, writes outside the file API) through the legacy runtime",
+            ));
+        }
         let mut argv = vec!["sh".into(), "-c".into(), script.into(), "sandbox".into()];
         argv.extend(args);
         let command = Command {
@@ -301,8 +318,9 @@ impl K8sBox {
         Ok(())
     }
 
-    /// The REST path of a workspace file, when the file API's base directory holds the root.
-    fn rest_path(&self, path: &RelPath) -> Option<String> {
+    /// A workspace file's path relative to the file API's base directory, when that holds
+    /// the root.
+    fn base_relative(&self, path: &RelPath) -> Option<String> {
         let base = self.shared.options.file_api_base_dir.as_deref()?;
         let base = base.trim_end_matches('/');
         let root = self.config.root.trim_end_matches('/');
@@ -311,13 +329,20 @@ impl K8sBox {
         } else {
             root.strip_prefix(base)?.strip_prefix('/')?
         };
-        let mut segments: Vec<String> = below
-            .split('/')
-            .filter(|s| !s.is_empty())
-            .map(encode_segment)
-            .collect();
-        segments.extend(path.components().map(encode_segment));
-        Some(format!("/v1/files/{}", segments.join("%2F")))
+        Some(if below.is_empty() {
+            path.as_str().to_owned()
+        } else {
+            format!("{below}/{}", path.as_str())
+        })
+    }
+
+    /// The REST path of a workspace file (segments encoded, joined by `%2F` as the official
+    /// SDK sends them).
+    fn rest_path(&self, path: &RelPath) -> Option<String> {
+        Some(format!(
+            "/v1/files/{}",
+            encode_segment(&self.base_relative(path)?)
+        ))
     }
 
     fn rest_port(&self) -> Option<u16> {
@@ -631,10 +656,20 @@ impl BoxHandle for K8sBox {
     #[tracing::instrument(skip_all, fields(backend = BACKEND, claim = %self.config.claim, program = request.command.program()))]
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
         if self.shared.options.runtime == Runtime::Legacy {
-            return Err(sandbox_core::not_supported(
-                BACKEND,
-                "commands through the legacy runtime",
-            ));
+            sandbox_core::ExecFeatures::default().check(BACKEND, &request)?;
+            let port = self.shared.options.server_port;
+            return legacy::run(
+                &self.http(),
+                &self.route()?,
+                port,
+                &self.config.root,
+                &request.command.to_argv(&["sh", "-c"]),
+                request.limits,
+                request
+                    .timeout
+                    .unwrap_or(self.shared.options.default_timeout),
+            )
+            .await;
         }
         let cwd = self.resolve_cwd(request.cwd.as_deref())?;
         let mut env = self.base_env();
@@ -720,6 +755,14 @@ impl BoxHandle for K8sBox {
     }
 
     async fn read_file(&self, path: &RelPath) -> Result<Bytes> {
+        if self.shared.options.runtime == Runtime::Legacy {
+            let rel = self.base_relative(path).ok_or(Error::NotSupported {
+                backend: BACKEND,
+                operation: "files outside the file API base directory through the legacy runtime",
+            })?;
+            let port = self.shared.options.server_port;
+            return legacy::download(&self.http(), &self.route()?, port, &rel).await;
+        }
         let (Some(rest), Some(port)) = (self.rest_path(path), self.rest_port()) else {
             return self.read_by_exec(path).await;
         };
@@ -756,6 +799,22 @@ impl BoxHandle for K8sBox {
 
     async fn write_file(&self, path: &RelPath, data: Bytes, mode: u32) -> Result<()> {
         let mode = format!("{:04o}", mode & 0o7777);
+        if self.shared.options.runtime == Runtime::Legacy {
+            let rel = self.base_relative(path).ok_or(Error::NotSupported {
+                backend: BACKEND,
+                operation: "files outside the file API base directory through the legacy runtime",
+            })?;
+            let port = self.shared.options.server_port;
+            legacy::upload(&self.http(), &self.route()?, port, &rel, data).await?;
+            return self
+                .script(
+                    "write",
+                    "chmod \"$2\" \"$1\"",
+                    vec![path.to_box(&self.config.root), mode],
+                )
+                .await
+                .map(|_| ());
+        }
         let (Some(rest), Some(port)) = (self.rest_path(path), self.rest_port()) else {
             return self
                 .feed_script(

@@ -5,6 +5,7 @@ mod client;
 mod control;
 mod crd;
 mod dataplane;
+mod legacy;
 mod options;
 mod sandboxd;
 mod state;

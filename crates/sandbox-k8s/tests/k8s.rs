@@ -228,3 +228,73 @@ async fn missing_pool_times_out_with_the_reason() {
     }
     b.destroy().await.expect("destroy");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
+async fn legacy_runtime_through_the_router_with_a_token() {
+    use sandbox_k8s::Runtime;
+    let c = common::cluster_with(k8s_testcluster::TestClusterOptions {
+        warm_pool_replicas: 1,
+        router_token: Some("router-secret".into()),
+        ..k8s_testcluster::TestClusterOptions::default()
+    })
+    .await;
+    let o = c
+        .options(&common::prefix())
+        .runtime(Runtime::Legacy)
+        .api_url(c.cluster.router_url(), Some("router-secret".into()));
+    let client = K8sClient::new(o).expect("client");
+    let caps = client.capabilities().exec;
+    assert!(!caps.env && !caps.cwd && !caps.stdin && !caps.tree_kill);
+    let spec = WorkspaceSpec::default();
+    let b = client
+        .create(CreateRequest::new(&spec, None))
+        .await
+        .expect("create");
+    b.boot().await.expect("boot");
+    let r = b
+        .exec(ExecRequest::shell("echo \"it's\" here; pwd; exit 4"))
+        .await
+        .expect("exec");
+    assert_eq!(
+        (r.exit_code, r.stdout_str().as_ref()),
+        (Some(4), "it's here\n/app\n")
+    );
+    // What the runtime cannot do is refused, never dropped.
+    for req in [
+        ExecRequest::shell("true").env("A", "b"),
+        ExecRequest::shell("true").cwd("/tmp"),
+        ExecRequest::shell("cat").stdin("x"),
+    ] {
+        assert!(matches!(b.exec(req).await, Err(Error::NotSupported { .. })));
+    }
+    let p = RelPath::new("d/f.txt").unwrap();
+    b.write_file(&p, Bytes::from_static(b"legacy\n"), 0o640)
+        .await
+        .expect("upload");
+    assert_eq!(&b.read_file(&p).await.expect("download")[..], b"legacy\n");
+    let entries = b.list().await.expect("list");
+    assert!(
+        entries.iter().any(|e| e.path == p && e.mode == 0o640),
+        "{entries:?}"
+    );
+    assert!(matches!(
+        b.export(&Default::default()).await,
+        Err(Error::NotSupported { .. })
+    ));
+    // A wrong router token is a typed error, not a retry loop.
+    let bad = K8sClient::new(
+        c.options(&common::prefix())
+            .runtime(Runtime::Legacy)
+            .api_url(c.cluster.router_url(), Some("wrong".into())),
+    )
+    .expect("client");
+    let state = b.state();
+    let other = bad.resume(&*state, &spec).await.expect("resume");
+    other.boot().await.expect("boot");
+    assert!(other.exec(ExecRequest::shell("true")).await.is_err());
+    b.destroy().await.expect("destroy");
+}
