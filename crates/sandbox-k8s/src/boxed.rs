@@ -19,7 +19,7 @@ use tonic::transport::Channel;
 use crate::BACKEND;
 use crate::client::Shared;
 use crate::crd::SandboxInfo;
-use crate::dataplane::{Http, Route, encode_segment};
+use crate::dataplane::{Http, Route, encode_segment, in_dir};
 use crate::legacy;
 use crate::options::{Connection, Runtime};
 use crate::sandboxd::{self, Command};
@@ -681,9 +681,9 @@ impl BoxHandle for K8sBox {
             &self.channel().await?,
             &self.who(),
             Command {
-                argv: request.command.to_argv(&["sh", "-c"]),
+                argv: in_dir(&cwd, request.command.to_argv(&["sh", "-c"])),
                 env,
-                cwd: Some(cwd),
+                cwd: None,
             },
             request.stdin,
             request.limits,

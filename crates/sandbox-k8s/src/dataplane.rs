@@ -195,6 +195,20 @@ impl Http {
     }
 }
 
+/// `argv` run in `dir`: a `cd` by `sh` first, so `dir` means the same on every runtime (the
+/// runtimes resolve their own `cwd` against their base directory).
+pub(crate) fn in_dir(dir: &str, argv: Vec<String>) -> Vec<String> {
+    let mut out = vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        "cd -- \"$1\" && shift && exec \"$@\"".to_owned(),
+        "sh".to_owned(),
+        dir.to_owned(),
+    ];
+    out.extend(argv);
+    out
+}
+
 /// A short, single-line excerpt of a server's answer.
 fn clip(body: &str) -> String {
     let one: String = body.chars().take(300).collect();

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use sandbox_core::{CappedBuffer, CapturedOutput, Error, ExecResult, OutputLimits, Result};
 use serde::Deserialize;
 
-use crate::dataplane::{Http, Route, encode_segment};
+use crate::dataplane::{Http, Route, encode_segment, in_dir};
 
 #[derive(Deserialize)]
 struct ExecuteResponse {
@@ -38,15 +38,11 @@ pub(crate) fn quote(arg: &str) -> String {
 
 /// `argv` run in `dir` (the runtime itself always starts in its base directory).
 pub(crate) fn command_line(dir: &str, argv: &[String]) -> String {
-    let mut words = vec![
-        "sh".to_owned(),
-        "-c".to_owned(),
-        "cd -- \"$1\" && shift && exec \"$@\"".to_owned(),
-        "sh".to_owned(),
-        dir.to_owned(),
-    ];
-    words.extend(argv.iter().cloned());
-    words.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
+    in_dir(dir, argv.to_vec())
+        .iter()
+        .map(|w| quote(w))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Run `argv` in `dir` through `/execute`.

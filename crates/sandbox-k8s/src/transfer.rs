@@ -47,8 +47,17 @@ pub(crate) fn filter_export(raw: ByteStream, excludes: Excludes) -> ByteStream {
             if in_stage(&path) || excludes.covers(&path) {
                 continue;
             }
-            let mut header = entry.header().clone();
-            let kind = header.entry_type();
+            // A fresh header: the pod's carries its own name bytes, which a shorter name
+            // would leave behind its NUL.
+            let theirs = entry.header();
+            let kind = theirs.entry_type();
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_mode(theirs.mode().unwrap_or(0o644));
+            header.set_mtime(theirs.mtime().unwrap_or(0));
+            header.set_uid(theirs.uid().unwrap_or(0));
+            header.set_gid(theirs.gid().unwrap_or(0));
+            header.set_size(if kind.is_file() { entry.size() } else { 0 });
             if kind.is_symlink() || kind.is_hard_link() {
                 let target = entry
                     .link_name_bytes()

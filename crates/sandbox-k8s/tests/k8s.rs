@@ -195,8 +195,9 @@ async fn control_plane_faults_are_survived() {
     faults.clear();
     let r = b.exec(ExecRequest::shell("echo ok")).await.expect("exec");
     assert_eq!(r.stdout_str(), "ok\n");
-    // Persistent 5xx: a typed, retryable error, not a hang.
-    faults.fail_next("GET", "sandboxclaims", 503, 1000);
+    // Persistent 5xx: a typed, retryable error, not a hang (kube itself retries 503s with
+    // its own backoff; a 500 is ours to retry).
+    faults.fail_next("GET", "sandboxclaims", 500, 1000);
     let err = b.destroy().await.expect_err("API down");
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
     faults.clear();
@@ -242,8 +243,9 @@ async fn legacy_runtime_through_the_router_with_a_token() {
         ..k8s_testcluster::TestClusterOptions::default()
     })
     .await;
+    let prefix = common::prefix();
     let o = c
-        .options(&common::prefix())
+        .options(&prefix)
         .runtime(Runtime::Legacy)
         .api_url(c.cluster.router_url(), Some("router-secret".into()));
     let client = K8sClient::new(o).expect("client");
@@ -287,7 +289,7 @@ async fn legacy_runtime_through_the_router_with_a_token() {
     ));
     // A wrong router token is a typed error, not a retry loop.
     let bad = K8sClient::new(
-        c.options(&common::prefix())
+        c.options(&prefix)
             .runtime(Runtime::Legacy)
             .api_url(c.cluster.router_url(), Some("wrong".into())),
     )
