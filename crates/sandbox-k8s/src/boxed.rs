@@ -390,12 +390,13 @@ impl K8sBox {
                 }
             };
             {
+                // Only the claim `create` made or the state knew holds the workspace; any
+                // other (made here, or a new one under the same name) starts empty.
                 let mut live = self.live();
-                if live.expected_uid.is_some() && live.expected_uid != claim.metadata.uid {
-                    tracing::warn!(claim = %self.config.claim, "the claim is not the one the state knew: its workspace is lost");
-                    live.lost = true;
-                }
-                if live.expected_uid.is_none() && !live.fresh {
+                if live.expected_uid.is_none() || live.expected_uid != claim.metadata.uid {
+                    if live.expected_uid.is_some() {
+                        tracing::warn!(claim = %self.config.claim, "the claim is not the one the state knew: its workspace is lost");
+                    }
                     live.lost = true;
                 }
                 live.expected_uid = claim.metadata.uid.clone();
@@ -470,6 +471,18 @@ impl K8sBox {
                 }
             }
         })
+    }
+
+    /// Whether the workspace root is a directory in the pod right now.
+    async fn root_exists(&self) -> Result<bool> {
+        let r = self
+            .script(
+                "workspace check",
+                "if [ -d \"$1\" ] && [ ! -L \"$1\" ]; then echo yes; else echo no; fi",
+                vec![self.config.root.clone()],
+            )
+            .await?;
+        Ok(r.stdout_str().trim() == "yes")
     }
 
     async fn merge(&self, archive: ByteStream) -> Result<()> {
@@ -643,14 +656,7 @@ impl BoxHandle for K8sBox {
         if self.live().lost {
             return Ok(false);
         }
-        let r = self
-            .script(
-                "workspace check",
-                "if [ -d \"$1\" ] && [ ! -L \"$1\" ]; then echo yes; else echo no; fi",
-                vec![self.config.root.clone()],
-            )
-            .await?;
-        Ok(r.stdout_str().trim() == "yes")
+        self.root_exists().await
     }
 
     #[tracing::instrument(skip_all, fields(backend = BACKEND, claim = %self.config.claim, program = request.command.program()))]
@@ -731,7 +737,7 @@ impl BoxHandle for K8sBox {
                 );
             }
         }
-        if request.paths.is_none() && !self.workspace_exists().await? {
+        if request.paths.is_none() && !self.root_exists().await? {
             return Err(Error::NotFound {
                 what: "workspace root",
                 key: self.config.root.clone(),
