@@ -332,16 +332,25 @@ pub(crate) async fn run_streaming(
         let Started {
             mut events,
             mut reaper,
-            stdin,
+            mut stdin,
         } = started;
+        let mut stdin_done = false;
         let mut err = CappedBuffer::new(64 << 10);
         let outcome: Result<()> = async {
             loop {
-                match events
-                    .message()
-                    .await
-                    .map_err(|s| status_err(&who, "exec", s))?
-                {
+                let msg = tokio::select! {
+                    m = events.message() => m,
+                    // A failed input (a bad archive) fails the command at once: the process
+                    // would wait for more stdin forever.
+                    fed = &mut stdin, if !stdin_done => {
+                        stdin_done = true;
+                        if let Ok(Err(e)) = fed {
+                            return Err(e);
+                        }
+                        continue;
+                    }
+                };
+                match msg.map_err(|s| status_err(&who, "exec", s))? {
                     Some(m) => match m.event {
                         Some(Event::Stdout(b)) => {
                             if tx.send(Ok(Bytes::from(b))).await.is_err() {
@@ -354,9 +363,8 @@ pub(crate) async fn run_streaming(
                             let stderr = err.finish();
                             let stderr = String::from_utf8_lossy(&stderr.bytes);
                             // A failed stdin (a bad archive) is the real cause.
-                            match stdin.await {
-                                Ok(Err(e)) => return Err(e),
-                                Ok(Ok(())) | Err(_) => {}
+                            if !stdin_done && let Ok(Err(e)) = (&mut stdin).await {
+                                return Err(e);
                             }
                             if e.exit_code == 0 {
                                 return Ok(());

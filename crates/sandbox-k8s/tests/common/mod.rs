@@ -59,6 +59,37 @@ pub async fn cluster() -> Cluster {
 }
 
 impl Cluster {
+    /// Wait until the Sandbox `name` is no longer Ready (or gone).
+    pub async fn wait_not_ready(&self, namespace: &str, name: &str) {
+        use kube::api::{Api, DynamicObject};
+        use kube::core::{ApiResource, GroupVersionKind};
+        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .expect("config");
+        let client = kube::Client::try_from(config).expect("client");
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("agents.x-k8s.io", "v1beta1", "Sandbox"),
+            "sandboxes",
+        );
+        let api: Api<DynamicObject> = Api::namespaced_with(client, namespace, &ar);
+        for _ in 0..300 {
+            let Some(sb) = api.get_opt(name).await.expect("get sandbox") else {
+                return;
+            };
+            let ready = sb.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            if !ready {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the Sandbox {namespace}/{name} still reports Ready after its pod was killed");
+    }
+
     /// Options for this cluster's default pool under `prefix`.
     pub fn options(&self, prefix: &str) -> K8sOptions {
         K8sOptions::new(DEFAULT_POOL)
@@ -108,6 +139,8 @@ impl Fixture for K8sFixture {
                 .await
                 .is_ok()
         {
+            // Lost as the cluster sees it: the controller reports the dead pod.
+            self.cluster.wait_not_ready(&state.namespace, sandbox).await;
             return;
         }
         let client = K8sClient::new(self.cluster.options(&self.prefix)).expect("client");
