@@ -328,13 +328,13 @@ impl K8sOptions {
             }
         }
         match &self.connection {
-            Connection::Router { url, .. } => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(Error::invalid(
-                        "router URL",
-                        format!("`{url}` is not an http(s) URL"),
-                    ));
-                }
+            Connection::Router { url, .. }
+                if !(url.starts_with("http://") || url.starts_with("https://")) =>
+            {
+                return Err(Error::invalid(
+                    "router URL",
+                    format!("`{url}` is not an http(s) URL"),
+                ));
             }
             Connection::Gateway {
                 name,
