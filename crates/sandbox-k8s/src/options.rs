@@ -123,7 +123,7 @@ impl fmt::Debug for Connection {
 /// server port 8888, sandboxd runtime on 8080/9090 reached by pod IP, ephemeral persistence,
 /// owner prefix `sbx`, claims expire after 24 h, Ready within 180 s, commands time out
 /// after 300 s. The warm pool has no default: [`K8sOptions::new`] takes it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct K8sOptions {
     /// Namespace of the claims.
@@ -158,6 +158,31 @@ pub struct K8sOptions {
     pub labels: BTreeMap<String, String>,
     /// Attempts of an idempotent call (connect errors, 502/503, API 5xx) before giving up.
     pub retries: u32,
+}
+
+/// Environment values are not printed (they may hold secrets), nor tokens (see
+/// [`Connection`]).
+impl fmt::Debug for K8sOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("K8sOptions")
+            .field("namespace", &self.namespace)
+            .field("warm_pool", &self.warm_pool)
+            .field("workspace_root", &self.workspace_root)
+            .field("file_api_base_dir", &self.file_api_base_dir)
+            .field("server_port", &self.server_port)
+            .field("runtime", &self.runtime)
+            .field("connection", &self.connection)
+            .field("cluster", &self.cluster)
+            .field("persistence", &self.persistence)
+            .field("name_prefix", &self.name_prefix)
+            .field("max_age", &self.max_age)
+            .field("ready_timeout", &self.ready_timeout)
+            .field("default_timeout", &self.default_timeout)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("labels", &self.labels)
+            .field("retries", &self.retries)
+            .finish()
+    }
 }
 
 impl K8sOptions {
@@ -436,8 +461,10 @@ mod tests {
     fn debug_hides_tokens() {
         let o = K8sOptions::new("pool")
             .runtime(Runtime::Legacy)
-            .api_url("http://router", Some("s3cret-token".into()));
+            .api_url("http://router", Some("s3cret-token".into()))
+            .env("TOKEN", "s3cret-env");
         let shown = format!("{o:?}");
+        assert!(shown.contains("TOKEN"), "{shown}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("http://router"), "{shown}");
     }
