@@ -345,6 +345,15 @@ impl K8sBox {
         ))
     }
 
+    /// A file's path for the legacy runtime's file API, and the runtime's port.
+    fn legacy_file(&self, path: &RelPath) -> Result<(String, u16)> {
+        let rel = self.base_relative(path).ok_or(Error::NotSupported {
+            backend: BACKEND,
+            operation: "files outside the file API base directory through the legacy runtime",
+        })?;
+        Ok((rel, self.shared.options.server_port))
+    }
+
     fn rest_port(&self) -> Option<u16> {
         match self.shared.options.runtime {
             Runtime::Sandboxd { rest_port, .. } => Some(rest_port),
@@ -762,11 +771,7 @@ impl BoxHandle for K8sBox {
 
     async fn read_file(&self, path: &RelPath) -> Result<Bytes> {
         if self.shared.options.runtime == Runtime::Legacy {
-            let rel = self.base_relative(path).ok_or(Error::NotSupported {
-                backend: BACKEND,
-                operation: "files outside the file API base directory through the legacy runtime",
-            })?;
-            let port = self.shared.options.server_port;
+            let (rel, port) = self.legacy_file(path)?;
             return legacy::download(&self.http(), &self.route()?, port, &rel).await;
         }
         let (Some(rest), Some(port)) = (self.rest_path(path), self.rest_port()) else {
@@ -806,11 +811,7 @@ impl BoxHandle for K8sBox {
     async fn write_file(&self, path: &RelPath, data: Bytes, mode: u32) -> Result<()> {
         let mode = format!("{:04o}", mode & 0o7777);
         if self.shared.options.runtime == Runtime::Legacy {
-            let rel = self.base_relative(path).ok_or(Error::NotSupported {
-                backend: BACKEND,
-                operation: "files outside the file API base directory through the legacy runtime",
-            })?;
-            let port = self.shared.options.server_port;
+            let (rel, port) = self.legacy_file(path)?;
             legacy::upload(&self.http(), &self.route()?, port, &rel, data).await?;
             return self
                 .script(
