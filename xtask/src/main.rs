@@ -264,11 +264,16 @@ const DEBIAN_SUITE: &str = "bookworm";
 const DEBIAN_PACKAGES: &str = "python3,procps";
 
 /// Environment of the test run: the Docker tests are selected by `SANDBOX_TEST_DOCKER=1`;
-/// the k8s test cluster's pod image is named by `SANDBOX_K8S_POD_IMAGE`.
+/// the k8s test cluster's pod image is named by `SANDBOX_K8S_POD_IMAGE`: the content tag
+/// built by this run (`:latest` may be moved by a build from another checkout).
 fn docker_test_env() -> Vec<(&'static str, String)> {
+    let pod = K8S_POD_TAG
+        .get()
+        .cloned()
+        .unwrap_or_else(|| format!("{K8S_POD_IMAGE}:latest"));
     vec![
         ("SANDBOX_TEST_DOCKER", "1".to_owned()),
-        (K8S_POD_IMAGE_VAR, format!("{K8S_POD_IMAGE}:latest")),
+        (K8S_POD_IMAGE_VAR, pod),
     ]
 }
 
@@ -411,6 +416,8 @@ const K8S_POD_IMAGE: &str = "sandbox-harness-test/k8s-pod";
 /// Names the pod image for the tests (default `sandbox-harness-test/k8s-pod:latest`).
 const K8S_POD_IMAGE_VAR: &str = "SANDBOX_K8S_POD_IMAGE";
 const K8S_POD_TARGET: &str = "x86_64-unknown-linux-gnu";
+/// The pod image's content tag, once [`k8s_pod_image`] has built or found it.
+static K8S_POD_TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 const K8S_POD_DOCKERFILE: &str = "\
 FROM sandbox-harness-test/debian:r1
 COPY sandboxd /usr/local/bin/sandboxd
@@ -448,6 +455,14 @@ fn k8s_pod_image() -> Result<(), String> {
         .map_err(|e| format!("creating {}: {e}", context.display()))?;
     std::fs::copy(&binary, context.join("sandboxd"))
         .map_err(|e| format!("copying {}: {e}", binary.display()))?;
+    // The release profile keeps line tables; the image does not need them (42 MB -> ~10 MB).
+    run(
+        "strip",
+        &[
+            "--strip-debug",
+            &context.join("sandboxd").display().to_string(),
+        ],
+    )?;
     std::fs::write(context.join("Dockerfile"), K8S_POD_DOCKERFILE)
         .map_err(|e| format!("writing the Dockerfile: {e}"))?;
     let hash = Command::new("sh")
@@ -470,6 +485,8 @@ fn k8s_pod_image() -> Result<(), String> {
         run("docker", &["build", "-q", "-t", &tag, &context])?;
     }
     run("docker", &["tag", &tag, &format!("{K8S_POD_IMAGE}:latest")])?;
+    println!("xtask: {K8S_POD_IMAGE_VAR}={tag}");
+    let _ = K8S_POD_TAG.set(tag);
     let _ = std::fs::remove_dir_all(&context);
     Ok(())
 }

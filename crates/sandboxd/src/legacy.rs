@@ -32,7 +32,6 @@ use axum::extract::{Multipart, Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -40,6 +39,7 @@ use tokio::io::AsyncReadExt as _;
 
 use crate::files::{self, Base, Opened};
 use crate::paths::{self, Absolute, Target};
+use crate::process::GroupKill;
 
 /// Default time limit of `/execute`.
 pub const EXECUTE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -141,10 +141,14 @@ async fn run(base: &Base, command: &str, limit: Duration) -> ExecuteResponse {
         Ok(child) => child,
         Err(e) => return ExecuteResponse::failed(e),
     };
-    let pgid = child
+    // Dropped with this future (the client hung up) or at the time limit: the group dies.
+    let Some(kill) = child
         .id()
         .and_then(|p| i32::try_from(p).ok())
-        .map(Pid::from_raw);
+        .map(|p| GroupKill::new(Pid::from_raw(p)))
+    else {
+        return ExecuteResponse::failed("the started process has no pid");
+    };
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
@@ -164,8 +168,10 @@ async fn run(base: &Base, command: &str, limit: Duration) -> ExecuteResponse {
     };
     let result = tokio::time::timeout(limit, collect).await;
     let timed_out = result.is_err();
-    if timed_out && let Some(pgid) = pgid {
-        let _ = killpg(pgid, Signal::SIGKILL);
+    if timed_out {
+        drop(kill);
+    } else {
+        kill.disarm();
     }
     let exit_code = match result {
         // As Python's `returncode`: the exit status, or `-n` for a kill by signal `n`.

@@ -10,12 +10,13 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sandboxd_proto::ProcessServiceServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use process::Limits;
 
@@ -205,6 +206,24 @@ impl Server {
     pub async fn shutdown(mut self) -> Result<(), String> {
         self.stop.cancel();
         self.wait().await
+    }
+
+    /// Like [`Server::shutdown`], but gives open connections at most `grace`: a client that
+    /// keeps a connection (or a stream) open does not hold the shutdown beyond it. Returns
+    /// whether everything closed in time.
+    pub async fn shutdown_within(mut self, grace: Duration) -> Result<bool, String> {
+        self.stop.cancel();
+        match tokio::time::timeout(grace, self.wait()).await {
+            Ok(done) => done.map(|()| true),
+            Err(_) => {
+                warn!(
+                    ?grace,
+                    "connections still open after the grace period: closing"
+                );
+                self.tasks.shutdown().await;
+                Ok(false)
+            }
+        }
     }
 }
 

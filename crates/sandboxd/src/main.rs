@@ -4,8 +4,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use sandboxd::{BASE_DIR_ENV, Config, Server};
+
+mod init;
 
 const USAGE: &str = "\
 usage: sandboxd [--rest-addr ADDR] [--grpc-addr ADDR] [--legacy-addr ADDR] [--base-dir DIR]
@@ -17,8 +20,13 @@ usage: sandboxd [--rest-addr ADDR] [--grpc-addr ADDR] [--legacy-addr ADDR] [--ba
                                                       [env SANDBOX_BASE_DIR, default /app]
 
 The real sandboxd binds loopback; this one binds all interfaces by default so a test pod
-(a Docker container) is reachable on its network address.
+(a Docker container) is reachable on its network address. As PID 1 it runs the server as
+its child and reaps orphans (set SANDBOXD_NO_INIT to turn that off).
 ";
+
+/// How long open connections may hold a SIGTERM shutdown (Docker's `stop` waits 10 s, a
+/// pod's default grace period is 30 s).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 fn parse(args: impl IntoIterator<Item = String>) -> Result<Config, String> {
     let mut config = Config::default();
@@ -67,14 +75,33 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Config, String> {
     Ok(config)
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    if init::wanted() {
+        return init::run();
+    }
+    // Under the init the mask it blocks for `sigwait` is inherited: start from none blocked
+    // (before any thread exists), so the runtime's handlers and our children see signals.
+    if let Err(e) = nix::sys::signal::SigSet::empty().thread_set_mask() {
+        eprintln!("sandboxd: cannot reset the signal mask: {e}");
+        return ExitCode::FAILURE;
+    }
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(serve()),
+        Err(e) => {
+            eprintln!("sandboxd: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let config = match parse(std::env::args().skip(1)) {
         Ok(config) => config,
@@ -104,8 +131,8 @@ async fn main() -> ExitCode {
     };
     let result = tokio::select! {
         r = server.wait() => r,
-        _ = term.recv() => server.shutdown().await,
-        _ = tokio::signal::ctrl_c() => server.shutdown().await,
+        _ = term.recv() => server.shutdown_within(SHUTDOWN_GRACE).await.map(drop),
+        _ = tokio::signal::ctrl_c() => server.shutdown_within(SHUTDOWN_GRACE).await.map(drop),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

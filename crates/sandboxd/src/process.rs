@@ -200,17 +200,17 @@ fn cwd_status(e: &std::io::Error) -> Status {
 
 /// SIGKILLs a process group when dropped, unless disarmed (the process exited on its own).
 #[derive(Debug)]
-struct GroupKill {
+pub(crate) struct GroupKill {
     pgid: Pid,
     armed: bool,
 }
 
 impl GroupKill {
-    fn new(pgid: Pid) -> GroupKill {
+    pub(crate) fn new(pgid: Pid) -> GroupKill {
         GroupKill { pgid, armed: true }
     }
 
-    fn disarm(mut self) {
+    pub(crate) fn disarm(mut self) {
         self.armed = false;
     }
 }

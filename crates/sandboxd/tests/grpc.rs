@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::Harness;
+use common::{Harness, eventually_gone, pid_gone};
 use sandboxd_proto::{
     ExecuteRequest, ProcessConfig, ProcessServiceClient, Pty, ResizeTtyRequest, SendSignalRequest,
     Signal, StartRequest, StartResponse, WriteStdinRequest, start_response::Event,
@@ -65,26 +65,6 @@ async fn init_id(stream: &mut tonic::Streaming<StartResponse>) -> i32 {
         Event::Init(init) => init.process_id,
         other => panic!("first event is not init: {other:?}"),
     }
-}
-
-/// Whether `pid` is gone (or a zombie waiting for a reaper that is not us).
-fn pid_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
-async fn eventually_gone(pid: i32) {
-    for _ in 0..500 {
-        if pid_gone(pid) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("process {pid} is still running");
 }
 
 #[tokio::test]

@@ -53,7 +53,10 @@ async fn health_and_execute() {
     let (status, body) = json_of(
         h.http
             .post(h.legacy("/execute"))
-            .json(&json!({ "command": "sh -c 'echo started; sleep 100'", "timeout_seconds": 0.5 }))
+            .json(&json!({
+                "command": "sh -c 'sleep 100 & echo $! > bg.pid; sleep 100'",
+                "timeout_seconds": 2.0,
+            }))
             .send()
             .await
             .unwrap(),
@@ -62,6 +65,13 @@ async fn health_and_execute() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["timed_out"], true);
     assert_eq!(body["exit_code"], 124);
+    // The whole group died, the backgrounded grandchild included.
+    let pid: i32 = std::fs::read_to_string(h.base().join("bg.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    common::eventually_gone(pid).await;
 }
 
 #[tokio::test]

@@ -165,4 +165,64 @@ async fn the_pod_image_serves_all_three_apis_on_its_network_address() {
         .unwrap();
     assert_eq!(exec["stdout"], "written over REST");
     assert_eq!(exec["exit_code"], 0);
+
+    // SIGKILL reaches the backgrounded grandchild, and PID 1 (sandboxd's init) reaps the
+    // orphan: it does not linger as a zombie.
+    let mut stream = grpc
+        .start(StartRequest {
+            config: Some(ProcessConfig::new([
+                "/bin/sh",
+                "-c",
+                "sleep 100 & echo $!; sleep 100",
+            ])),
+            pty: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let id = match stream.message().await.unwrap().unwrap().event.unwrap() {
+        Event::Init(init) => init.process_id,
+        other => panic!("expected init, got {other:?}"),
+    };
+    let grandchild = match stream.message().await.unwrap().unwrap().event.unwrap() {
+        Event::Stdout(b) => String::from_utf8(b).unwrap().trim().to_owned(),
+        other => panic!("expected the background pid, got {other:?}"),
+    };
+    grpc.send_signal(sandboxd_proto::SendSignalRequest {
+        process_id: id,
+        signal: sandboxd_proto::Signal::Sigkill as i32,
+    })
+    .await
+    .unwrap();
+    while stream.message().await.unwrap().is_some() {}
+    let probe = format!(
+        "p={grandchild}; i=0; while [ $i -lt 200 ]; do [ -e /proc/$p ] || {{ echo gone; exit 0; }}; \
+         i=$((i+1)); sleep 0.05; done; grep State /proc/$p/status"
+    );
+    let out = grpc
+        .execute(sandboxd_proto::ExecuteRequest {
+            config: Some(ProcessConfig::new(["/bin/sh", "-c", probe.as_str()])),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "gone\n");
+
+    // `docker stop` sends SIGTERM to PID 1, which passes it on: the server stops (exit 0;
+    // connections still open get a few seconds), not by the SIGKILL that follows an ignored
+    // SIGTERM (137).
+    // Off the runtime, so our open connections keep being served (and see the server's
+    // goodbye) while `docker stop` waits.
+    let stopping = name.clone();
+    tokio::task::spawn_blocking(move || docker(&["stop", &stopping]))
+        .await
+        .unwrap()
+        .unwrap();
+    let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", &name]).unwrap();
+    let logs = Command::new("docker")
+        .args(["logs", &name])
+        .output()
+        .unwrap();
+    let logs = String::from_utf8_lossy(&logs.stderr).into_owned();
+    assert_eq!(code, "0", "sandboxd's log:\n{logs}");
 }

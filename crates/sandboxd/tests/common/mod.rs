@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use sandboxd::{Config, Server};
 
@@ -97,4 +98,24 @@ pub fn sdk_files_endpoint(path: &str) -> String {
 
 pub fn read(path: impl AsRef<Path>) -> Vec<u8> {
     std::fs::read(path).unwrap()
+}
+
+/// Whether `pid` is gone (or a zombie waiting for a reaper that is not us).
+pub fn pid_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+pub async fn eventually_gone(pid: i32) {
+    for _ in 0..500 {
+        if pid_gone(pid) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("process {pid} is still running");
 }
