@@ -119,6 +119,8 @@ impl Cluster {
         let bin = workspace_root().join("target/debug/k8s-testcluster");
         let child = Command::new(&bin)
             .args(["--pod-image", &pod_image(), "--warm", "1"])
+            // A small event window, so the script can push a version out of it (410 Gone).
+            .args(["--event-window", "64"])
             .arg("--kubeconfig")
             .arg(dir.join("fidelity.kubeconfig"))
             .arg("--ready-file")

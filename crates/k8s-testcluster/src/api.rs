@@ -39,6 +39,12 @@ pub(crate) async fn handle(st: Arc<ApiState>, req: Request<Incoming>) -> Respons
         .path_and_query()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "/".to_owned());
+    if req.uri().path() == FAULTS_PATH {
+        return match faults_endpoint(&st, req).await {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+    }
     let verdict = st.faults.verdict(req.method().as_str(), &pq);
     if let Some(d) = verdict.delay {
         tokio::time::sleep(d).await;
@@ -53,6 +59,60 @@ pub(crate) async fn handle(st: Arc<ApiState>, req: Request<Incoming>) -> Respons
             error_response(&e)
         }
     }
+}
+
+/// The test-only fault endpoint (not a Kubernetes path): `POST` a JSON action.
+pub const FAULTS_PATH: &str = "/k8s-testcluster/v1/faults";
+
+/// `POST /k8s-testcluster/v1/faults` with `{"action": ...}`: the [`Faults`] handle for
+/// clients outside this process (the fidelity script, `cargo xtask k8s-up` users).
+async fn faults_endpoint(
+    st: &Arc<ApiState>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    if !authorized(st, &req) {
+        return Err(ApiError::unauthorized());
+    }
+    if req.method() != Method::POST {
+        return Err(ApiError::method_not_allowed(req.method().as_str()));
+    }
+    let (_, body) = read_json(req).await?;
+    let s = |k: &str| body[k].as_str().unwrap_or("").to_owned();
+    let n = |k: &str| body[k].as_u64();
+    let f = &st.faults;
+    match s("action").as_str() {
+        "fail_next" => {
+            let status = n("status")
+                .and_then(|c| u16::try_from(c).ok())
+                .filter(|c| (500..600).contains(c))
+                .ok_or_else(|| ApiError::bad_request("fail_next needs a 5xx `status`"))?;
+            let count = n("count").unwrap_or(1);
+            f.fail_next(
+                &s("method"),
+                &s("path"),
+                status,
+                usize::try_from(count).unwrap_or(usize::MAX),
+            );
+        }
+        "delay" => {
+            let ms = n("millis").ok_or_else(|| ApiError::bad_request("delay needs `millis`"))?;
+            f.delay(&s("method"), &s("path"), Duration::from_millis(ms));
+        }
+        "clear" => f.clear(),
+        "drop_watches" => f.drop_watches(),
+        "expire_next_watch" => f.expire_next_watch(),
+        "compact" => f.compact(),
+        "kill_pod" => f
+            .kill_pod(&s("namespace"), &s("name"))
+            .await
+            .map_err(|e| ApiError::bad_request(e.to_string()))?,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "unknown fault action `{other}`"
+            )));
+        }
+    }
+    Ok(json_response(200, &json!({"ok": true})))
 }
 
 fn authorized(st: &ApiState, req: &Request<Incoming>) -> bool {
@@ -228,14 +288,30 @@ async fn serve_resource(
                             .map(Duration::from_secs);
                         let bookmarks =
                             q("allowWatchBookmarks").is_some_and(|b| b == "true" || b == "1");
+                        // Streaming lists: the current state, then a BOOKMARK marking its end.
+                        let initial_end = q("sendInitialEvents").is_some_and(|b| b == "true");
+                        if initial_end && !bookmarks {
+                            return Err(ApiError::invalid(
+                                res.group,
+                                res.plural,
+                                "",
+                                "sendInitialEvents requires allowWatchBookmarks=true",
+                            ));
+                        }
+                        let rv = if initial_end {
+                            None
+                        } else {
+                            q("resourceVersion")
+                        };
                         return Ok(watch(
                             st,
                             res,
                             ns.clone(),
                             sel,
-                            q("resourceVersion"),
+                            rv,
                             timeout,
                             bookmarks,
+                            initial_end,
                         ));
                     }
                     let limit = q("limit")
@@ -382,6 +458,7 @@ fn expired_line(msg: &str) -> Bytes {
 }
 
 /// A chunked watch stream of newline-delimited `{"type","object"}` events.
+#[allow(clippy::too_many_arguments)]
 fn watch(
     st: &Arc<ApiState>,
     res: &'static ResourceDef,
@@ -390,6 +467,7 @@ fn watch(
     rv: Option<String>,
     timeout: Option<Duration>,
     bookmarks: bool,
+    initial_end: bool,
 ) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let start = st.store.watch(res, ns.as_deref(), &sel, rv.as_deref());
@@ -410,6 +488,14 @@ fn watch(
                 .await
                 .is_err()
             {
+                return;
+            }
+        }
+        if initial_end {
+            let obj = json!({"apiVersion": res.api_version(), "kind": res.kind, "metadata": {
+                "resourceVersion": start.rv.to_string(),
+                "annotations": {"k8s.io/initial-events-end": "true"}}});
+            if tx.send(event_line("BOOKMARK", &obj)).await.is_err() {
                 return;
             }
         }

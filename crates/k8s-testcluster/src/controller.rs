@@ -24,7 +24,7 @@ pub const TEMPLATE_REF: &str = "agents.x-k8s.io/sandbox-template-ref";
 pub const LAUNCH_TYPE: &str = "agents.x-k8s.io/launch-type";
 /// Label carrying the uid of the claim a Sandbox serves.
 pub const CLAIM_UID_LABEL: &str = "agents.x-k8s.io/claim-uid";
-/// The port probed for readiness when the template names none.
+/// The port probed for readiness when the template declares none.
 pub const DEFAULT_PORT: u16 = 8888;
 
 /// The state of one pod (keyed by Sandbox uid).
@@ -49,6 +49,14 @@ pub struct Pods {
 impl Pods {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, PodState>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many pods are being started (a `docker run` in flight).
+    pub fn starting(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|s| matches!(s, PodState::Starting))
+            .count()
     }
 
     /// The container id of a Sandbox's pod.
@@ -152,7 +160,7 @@ fn ignore_gone(r: Result<Value, ApiError>) {
 }
 
 /// The container spec of a Sandbox: `spec.podTemplate.spec.containers[0]`.
-fn container_spec(sb: &Value) -> Result<(ContainerSpec, u16), String> {
+fn container_spec(sb: &Value) -> Result<(ContainerSpec, Vec<u16>), String> {
     let c = &sb["spec"]["podTemplate"]["spec"]["containers"][0];
     let image = c["image"]
         .as_str()
@@ -179,10 +187,21 @@ fn container_spec(sb: &Value) -> Result<(ContainerSpec, u16), String> {
                 .collect()
         })
         .unwrap_or_default();
-    let port = c["ports"][0]["containerPort"]
-        .as_u64()
-        .and_then(|p| u16::try_from(p).ok())
-        .unwrap_or(DEFAULT_PORT);
+    let mut ports: Vec<u16> = c["ports"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| {
+                    p["containerPort"]
+                        .as_u64()
+                        .and_then(|p| u16::try_from(p).ok())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if ports.is_empty() {
+        ports.push(DEFAULT_PORT);
+    }
     Ok((
         ContainerSpec {
             name: String::new(),
@@ -198,7 +217,7 @@ fn container_spec(sb: &Value) -> Result<(ContainerSpec, u16), String> {
                 ("io.kubernetes.pod.name".into(), meta(sb, "name").into()),
             ],
         },
-        port,
+        ports,
     ))
 }
 
@@ -617,7 +636,7 @@ impl Controller {
 
     fn start_pod(self: &Arc<Self>, sb: &Value) {
         let uid = meta(sb, "uid").to_owned();
-        let (mut spec, port) = match container_spec(sb) {
+        let (mut spec, ports) = match container_spec(sb) {
             Ok(x) => x,
             Err(m) => {
                 self.pods.lock().insert(uid, PodState::Failed(m));
@@ -663,7 +682,9 @@ impl Controller {
                 }
                 waiter.kick.notify_one();
             });
-            // Readiness: the first container port accepts a TCP connection.
+            // Readiness: every declared container port (the first, 8888 by default, and any
+            // others) accepts a TCP connection.
+            let mut pending = ports;
             loop {
                 let running = matches!(
                     this.pods.lock().get(&uid),
@@ -672,8 +693,18 @@ impl Controller {
                 if !running {
                     return;
                 }
-                let connect = tokio::net::TcpStream::connect((ip.as_str(), port));
-                if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(500), connect).await {
+                let mut still = Vec::new();
+                for port in pending {
+                    let connect = tokio::net::TcpStream::connect((ip.as_str(), port));
+                    if !matches!(
+                        tokio::time::timeout(Duration::from_millis(500), connect).await,
+                        Ok(Ok(_))
+                    ) {
+                        still.push(port);
+                    }
+                }
+                pending = still;
+                if pending.is_empty() {
                     if let Some(PodState::Running { ready, .. }) = this.pods.lock().get_mut(&uid) {
                         *ready = true;
                     }

@@ -137,17 +137,35 @@ pub(crate) async fn remove(container: &str) -> Result<(), Error> {
     docker(&[s("rm"), s("-f"), s(container)]).await.map(drop)
 }
 
-/// Remove every container and the network of one cluster (blocking: runs from `Drop`).
-pub(crate) fn cleanup_blocking(cluster_id: &str, network: &str) {
+/// Remove the containers labelled with `cluster_id`; how many there were.
+fn sweep(cluster_id: &str) -> usize {
     let filter = format!("label={LABEL}={cluster_id}");
-    if let Ok(ids) = docker_blocking(&["ps", "-aq", "--filter", &filter]) {
-        let ids: Vec<&str> = ids.split_whitespace().collect();
-        if !ids.is_empty() {
-            let mut args = vec!["rm", "-f"];
-            args.extend(ids);
-            if let Err(e) = docker_blocking(&args) {
-                tracing::warn!(error = %e, "removing the cluster's containers");
-            }
+    let Ok(ids) = docker_blocking(&["ps", "-aq", "--filter", &filter]) else {
+        return 0;
+    };
+    let ids: Vec<&str> = ids.split_whitespace().collect();
+    let n = ids.len();
+    if n > 0 {
+        let mut args = vec!["rm", "-f"];
+        args.extend(ids);
+        if let Err(e) = docker_blocking(&args) {
+            tracing::warn!(error = %e, "removing the cluster's containers");
+        }
+    }
+    n
+}
+
+/// Remove every container and the network of one cluster (blocking: runs from `Drop`).
+/// With `in_flight` (a `docker run` was running), sweep again until two sweeps in a row find
+/// nothing, for up to 5 s: that run creates its container after the first sweep.
+pub(crate) fn cleanup_blocking(cluster_id: &str, network: &str, in_flight: bool) {
+    sweep(cluster_id);
+    if in_flight {
+        let started = std::time::Instant::now();
+        let mut empty = 0;
+        while empty < 2 && started.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            empty = if sweep(cluster_id) == 0 { empty + 1 } else { 0 };
         }
     }
     if let Err(e) = docker_blocking(&["network", "rm", network])

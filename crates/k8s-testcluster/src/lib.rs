@@ -63,7 +63,8 @@ pub const DEFAULT_POOL: &str = "default";
 #[derive(Debug, Clone)]
 pub struct TestClusterOptions {
     /// When set, `start` creates the SandboxTemplate and SandboxWarmPool [`DEFAULT_POOL`]
-    /// running this image (port 8888). Default: none.
+    /// running this image (ports 8888, 8080, 9090: sandboxd's legacy API, REST and gRPC).
+    /// Default: none.
     pub pod_image: Option<String>,
     /// Warm sandboxes kept in the default pool. Default 0 (every claim cold-starts).
     pub warm_pool_replicas: u32,
@@ -120,8 +121,11 @@ pub struct PoolSpec {
     pub args: Vec<String>,
     /// Container environment.
     pub env: Vec<(String, String)>,
-    /// The first container port (readiness is a TCP connect to it). 0 = 8888.
+    /// The first container port. 0 = 8888.
     pub port: u16,
+    /// More container ports. The pod is Ready once every declared port accepts a TCP
+    /// connection.
+    pub extra_ports: Vec<u16>,
     /// Warm sandboxes to keep.
     pub replicas: u32,
 }
@@ -139,6 +143,7 @@ pub struct TestCluster {
     cluster_id: String,
     network: Option<String>,
     store: Arc<store::Store>,
+    pods: Arc<controller::Pods>,
     faults: Faults,
     stop: watch::Sender<bool>,
 }
@@ -241,6 +246,7 @@ impl TestCluster {
             cluster_id,
             network,
             store,
+            pods,
             faults,
             stop,
         };
@@ -250,6 +256,8 @@ impl TestCluster {
                 name: DEFAULT_POOL.to_owned(),
                 image: image.clone(),
                 replicas: opts.warm_pool_replicas,
+                // sandboxd: the legacy API (first), REST and gRPC.
+                extra_ports: vec![8080, 9090],
                 ..PoolSpec::default()
             })?;
         }
@@ -357,7 +365,11 @@ impl TestCluster {
         } else {
             spec.port
         };
-        let mut container = json!({"name": "sandbox", "image": spec.image, "ports": [{"containerPort": port, "protocol": "TCP"}]});
+        let ports: Vec<Value> = std::iter::once(port)
+            .chain(spec.extra_ports.iter().copied())
+            .map(|p| json!({"containerPort": p, "protocol": "TCP"}))
+            .collect();
+        let mut container = json!({"name": "sandbox", "image": spec.image, "ports": ports});
         if !spec.command.is_empty() {
             container["command"] = json!(spec.command);
         }
@@ -389,7 +401,9 @@ impl TestCluster {
     pub fn shutdown(&mut self) {
         let _ = self.stop.send(true);
         if let Some(net) = self.network.take() {
-            docker::cleanup_blocking(&self.cluster_id, &net);
+            // A `docker run` in flight may create its container after the first sweep.
+            let in_flight = self.pods.starting() > 0;
+            docker::cleanup_blocking(&self.cluster_id, &net, in_flight);
         }
     }
 }

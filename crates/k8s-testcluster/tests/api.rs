@@ -343,6 +343,18 @@ async fn watch_streams_changes_and_bookmarks() {
     };
     assert_eq!(kinds, ["ADDED", "MODIFIED", "DELETED"]);
 
+    // A streaming list: the current state, then a BOOKMARK marking the end of it.
+    let mut w = api
+        .watch(&format!("{CLAIMS}?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan"))
+        .await;
+    assert_eq!(w.next().await.unwrap()["type"], "ADDED"); // "other"
+    let end = w.next().await.unwrap();
+    assert_eq!(end["type"], "BOOKMARK");
+    assert_eq!(
+        end["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+
     // timeoutSeconds ends the stream.
     let mut w = api
         .watch(&format!("{CLAIMS}?watch=1&timeoutSeconds=1"))
@@ -421,6 +433,24 @@ async fn injected_faults_fail_delay_drop_and_expire() {
     assert_eq!(code, 201);
     assert!(rv(&slow) > rv(&fast), "the delayed request was served last");
     c.faults().clear();
+
+    // The same plan over HTTP, for clients outside the process.
+    let faults = "/k8s-testcluster/v1/faults";
+    let (code, _) = api.post(faults, &json!({"action": "fail_next", "method": "GET", "path": "/version", "status": 502, "count": 1})).await;
+    assert_eq!(code, 200);
+    assert_eq!(api.get("/version").await.0, 502);
+    assert_eq!(api.get("/version").await.0, 200);
+    assert_eq!(
+        api.post(faults, &json!({"action": "fail_next", "status": 404}))
+            .await
+            .0,
+        400
+    );
+    assert_eq!(api.post(faults, &json!({"action": "nope"})).await.0, 400);
+    let anonymous = reqwest::Client::new()
+        .post(format!("{}{faults}", c.api_url()))
+        .json(&json!({"action": "clear"}));
+    assert_eq!(api.send(anonymous).await.0, 401);
 
     c.faults().compact();
     let (_, l) = api.get(CLAIMS).await;

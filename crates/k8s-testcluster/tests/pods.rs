@@ -98,6 +98,21 @@ async fn a_claim_cold_starts_a_pod_whose_port_answers_through_the_router() {
         cl["metadata"]["uid"]
     );
 
+    // The controller has converged: passes over unchanged objects write nothing.
+    let version = |l: Value| {
+        l["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let before = version(api.get(CLAIMS).await.1);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await; // three controller passes
+    assert_eq!(
+        version(api.get(CLAIMS).await.1),
+        before,
+        "no writes while nothing changes"
+    );
+
     // The pod answers directly and through the router.
     let direct = reqwest::get(format!("http://{ip}:8888/"))
         .await
@@ -330,4 +345,93 @@ async fn missing_pools_and_templates_and_expiry_are_reported() {
         "{seen:?}"
     );
     assert_eq!(api.get(&format!("{CLAIMS}/expired")).await.0, 404);
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker: set SANDBOX_TEST_DOCKER=1 (cargo xtask test does)"
+)]
+async fn a_new_cluster_removes_the_leftovers_of_killed_ones() {
+    // A "killed run": a container and a network labelled with an owner pid that cannot be
+    // alive (above the kernel's pid_max limit).
+    let stale_id = format!("stale{}", std::process::id());
+    let labels = [
+        "--label".to_owned(),
+        format!("sandbox-harness.k8s-testcluster={stale_id}"),
+        "--label".to_owned(),
+        "sandbox-harness.k8s-testcluster.pid=4194305".to_owned(),
+    ];
+    let net = format!("k8stc-{stale_id}");
+    let ok = Command::new("docker")
+        .args(["network", "create"])
+        .args(&labels)
+        .arg(&net)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let ok = Command::new("docker")
+        .args(["run", "-d", "--network", &net])
+        .args(&labels)
+        .args([IMAGE, "sleep", "300"])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    assert_eq!(containers(&stale_id).len(), 1);
+
+    let c = cluster().await;
+    assert!(
+        containers(&stale_id).is_empty(),
+        "the stale container is removed"
+    );
+    let nets = Command::new("docker")
+        .args(["network", "ls", "-q", "--filter", &format!("name={net}")])
+        .output()
+        .unwrap();
+    assert!(nets.stdout.is_empty(), "the stale network is removed");
+    // The new cluster's own network stays.
+    let own = Command::new("docker")
+        .args([
+            "network",
+            "ls",
+            "-q",
+            "--filter",
+            &format!("name=k8stc-{}", c.cluster_id()),
+        ])
+        .output()
+        .unwrap();
+    assert!(!own.stdout.is_empty());
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker: set SANDBOX_TEST_DOCKER=1 (cargo xtask test does)"
+)]
+async fn dropping_a_cluster_while_pods_start_leaves_nothing() {
+    let c = cluster().await;
+    let api = Client::new(&c);
+    c.create_pool(&http_pool("web", 3)).unwrap();
+    // Drop as soon as the warm sandboxes exist: their `docker run`s are in flight.
+    eventually(30, "the warm sandboxes", || async {
+        let (_, l) = api.get(SANDBOXES).await;
+        (l["items"].as_array().is_some_and(|a| a.len() == 3)).then_some(())
+    })
+    .await;
+    let id = c.cluster_id().to_owned();
+    drop(c);
+    let all = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=sandbox-harness.k8s-testcluster={id}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        all.stdout.is_empty(),
+        "left: {}",
+        String::from_utf8_lossy(&all.stdout)
+    );
 }

@@ -1,7 +1,7 @@
 //! `k8s-testcluster`: run the test cluster in the foreground until SIGINT/SIGTERM.
 //!
 //! Usage: `k8s-testcluster [--pod-image IMAGE] [--warm N] [--namespace NS] [--kubeconfig PATH]
-//! [--token T] [--router-token T] [--ready-file PATH]`. Prints the kubeconfig path, API URL and
+//! [--token T] [--router-token T] [--ready-file PATH] [--event-window N]`. Prints the kubeconfig path, API URL and
 //! router URL; with `--ready-file`, writes them there as `KEY=value` lines once serving.
 
 use std::path::PathBuf;
@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use k8s_testcluster::{TestCluster, TestClusterOptions};
 
 fn usage() -> &'static str {
-    "usage: k8s-testcluster [--pod-image IMAGE] [--warm N] [--namespace NS] [--kubeconfig PATH] [--token T] [--router-token T] [--ready-file PATH]"
+    "usage: k8s-testcluster [--pod-image IMAGE] [--warm N] [--namespace NS] [--kubeconfig PATH] [--token T] [--router-token T] [--ready-file PATH] [--event-window N]"
 }
 
 #[tokio::main]
@@ -39,6 +39,11 @@ async fn main() -> ExitCode {
                 "--token" => opts.token = Some(value()?),
                 "--router-token" => opts.router_token = Some(value()?),
                 "--ready-file" => ready_file = Some(PathBuf::from(value()?)),
+                "--event-window" => {
+                    opts.event_window = value()?
+                        .parse()
+                        .map_err(|e| format!("--event-window: {e}"))?
+                }
                 "-h" | "--help" => return Err(usage().to_owned()),
                 other => return Err(format!("unknown argument `{other}`\n{}", usage())),
             }
