@@ -10,6 +10,7 @@ pub mod host;
 mod isolation;
 mod manager;
 mod path;
+pub mod posix;
 pub mod projection;
 mod reach;
 mod sandbox;

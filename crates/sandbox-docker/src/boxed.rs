@@ -14,6 +14,7 @@ use bollard::query_parameters::{
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use sandbox_core::archive::Excludes;
+use sandbox_core::posix::{self, LIST_SCRIPT, REMOVE_SCRIPT, SWAP_SCRIPT};
 use sandbox_core::stream::{self, ByteStream};
 use sandbox_core::{
     BoxHandle, Error, ExecRequest, ExecResult, ExportRequest, ImportMode, IsolationKey,
@@ -590,84 +591,6 @@ impl DockerBox {
     }
 }
 
-/// Arguments: root, staging dir name (empty: only empty the workspace), keep list (newline
-/// separated, with a leading and trailing newline).
-const SWAP_SCRIPT: &str = r#"
-set -e
-R=$1; S=$2; K=$3
-role() {
-  case "$K" in *"
-$1
-"*) echo keep; return ;; esac
-  case "$K" in *"
-$1/"*) echo anc; return ;; esac
-  echo none
-}
-clean() {
-  local d e n rel
-  d=$R${1:+/$1}
-  for e in "$d"/* "$d"/.[!.]* "$d"/..?*; do
-    [ -e "$e" ] || [ -L "$e" ] || continue
-    n=${e##*/}; rel=${1:+$1/}$n
-    if [ -z "$1" ] && [ -n "$S" ] && [ "$n" = "$S" ]; then continue; fi
-    case $(role "$rel") in
-      keep) ;;
-      anc) if [ -d "$e" ] && [ ! -L "$e" ]; then clean "$rel"; fi ;;
-      *) rm -rf -- "$e" ;;
-    esac
-  done
-}
-fill() {
-  local d e n rel
-  d=$R/$S${1:+/$1}
-  for e in "$d"/* "$d"/.[!.]* "$d"/..?*; do
-    [ -e "$e" ] || [ -L "$e" ] || continue
-    n=${e##*/}; rel=${1:+$1/}$n
-    case $(role "$rel") in
-      keep) ;;
-      anc) if [ -d "$e" ] && [ ! -L "$e" ]; then
-             if [ ! -d "$R/$rel" ] || [ -L "$R/$rel" ]; then rm -rf -- "$R/$rel"; mkdir -p -- "$R/$rel"; fi
-             fill "$rel"
-           fi ;;
-      *) mv -- "$e" "$R/$rel" ;;
-    esac
-  done
-}
-clean ""
-if [ -n "$S" ]; then
-  fill ""
-  rm -rf -- "$R/$S"
-fi
-"#;
-
-/// Remove workspace paths, never passing through a symlinked ancestor. Arguments: root,
-/// then the relative paths.
-const REMOVE_SCRIPT: &str = r#"
-R=$1; shift
-for p in "$@"; do
-  cur=$R; rest=$p; ok=1
-  while :; do
-    case $rest in */*) ;; *) break ;; esac
-    c=${rest%%/*}; rest=${rest#*/}; cur=$cur/$c
-    if [ -L "$cur" ] || [ ! -d "$cur" ]; then ok=; break; fi
-  done
-  [ -n "$ok" ] && rm -rf -- "$R/$p"
-done
-exit 0
-"#;
-
-/// List the tree under the root: GNU find's `-printf` where it exists, else busybox `stat`.
-/// Arguments: root, a random record token.
-const LIST_SCRIPT: &str = r#"
-cd "$1" || exit 3
-T=$2
-if find . -maxdepth 0 -printf '' >/dev/null 2>&1; then
-  exec find . -mindepth 1 -printf '%y %m %s %T@ %i %P\0%l\0'
-fi
-find . -mindepth 1 -exec stat -c "${T}S%f %s %Y %y %i %n" {} + || exit 4
-find . -mindepth 1 -type l -exec sh -c 'for f; do printf "%sL%s\0" "$0" "$f"; readlink "$f"; done' "$T" {} +
-"#;
-
 #[async_trait]
 impl BoxHandle for DockerBox {
     fn backend(&self) -> &'static str {
@@ -833,7 +756,7 @@ impl BoxHandle for DockerBox {
                 "listing larger than 256 MiB",
             ));
         }
-        let mut entries = crate::list::parse(&r.stdout, &token)?;
+        let mut entries = posix::parse_listing(BACKEND, &r.stdout, &token)?;
         entries.retain(|e| {
             !e.path
                 .components()

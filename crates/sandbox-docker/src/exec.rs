@@ -35,8 +35,7 @@ use tokio::io::AsyncWriteExt;
 use crate::BACKEND;
 use crate::engine::Engine;
 
-/// Name of the marker variable.
-pub(crate) const MARKER_VAR: &str = "SANDBOX_EXEC_ID";
+pub(crate) use sandbox_core::posix::MARKER_VAR;
 
 /// How long output is still drained after the tree was killed.
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(5);
@@ -222,60 +221,9 @@ async fn exit_code(
     Ok(None)
 }
 
-/// Shell functions: `reap <marker>` kills every process carrying the marker in its
-/// environment, and their descendants, and returns 0 once none is left. Builtins only (no
-/// `$(…)`, no pipes, no external program): see the module documentation. Shared by the kill
-/// exec and the exec agent (which reaps after every command).
-///
-/// `carries` reads an `environ` file with `read`, which drops the NUL separators (dash, bash
-/// and busybox alike), so the marker is looked for as a substring of the joined variables:
-/// the marker value is a random 32-digit id, so no other variable matches by accident.
-macro_rules! reap_fn {
-    () => {
-        r#"
-carries() {
-  while IFS= read -r _rl || [ -n "$_rl" ]; do
-    case $_rl in *"$2"*) return 0 ;; esac
-  done 2>/dev/null < "$1"
-  return 1
-}
-reap() {
-  _rm="SANDBOX_EXEC_ID=$1"
-  _rr=0
-  while [ $_rr -lt 50 ]; do
-    set --
-    for _rf in /proc/[0-9]*/environ; do
-      _rp=${_rf#/proc/}; _rp=${_rp%/environ}
-      [ "$_rp" = "$$" ] && continue
-      if carries "$_rf" "$_rm"; then set -- "$@" "$_rp"; fi
-    done
-    [ $# -eq 0 ] && return 0
-    kill -STOP "$@" 2>/dev/null
-    _rg=1
-    while [ -n "$_rg" ]; do
-      _rg=
-      for _rs in /proc/[0-9]*/status; do
-        _rq=${_rs#/proc/}; _rq=${_rq%/status}
-        case " $* " in *" $_rq "*) continue ;; esac
-        _rpp=
-        while read -r _rk _rv; do
-          if [ "$_rk" = "PPid:" ]; then _rpp=$_rv; break; fi
-        done 2>/dev/null < "$_rs"
-        case " $* " in *" $_rpp "*) kill -STOP "$_rq" 2>/dev/null; set -- "$@" "$_rq"; _rg=1 ;; esac
-      done
-    done
-    kill -KILL "$@" 2>/dev/null
-    _rr=$((_rr + 1))
-  done
-  return 1
-}
-"#
-    };
-}
-pub(crate) use reap_fn;
+pub(crate) use sandbox_core::posix_reap_fn as reap_fn;
 
-/// Kill every process carrying the marker `$1`, and their descendants.
-const KILL_SCRIPT: &str = concat!(reap_fn!(), "reap \"$1\"\n");
+use sandbox_core::posix::KILL_SCRIPT;
 
 /// Kills a command's process tree (by its marker) when dropped, on a spawned task: the command
 /// of a cancelled call, or what a finished command left running. [`disarm`](Self::disarm)

@@ -5,7 +5,6 @@ mod boxed;
 mod client;
 mod engine;
 mod exec;
-mod list;
 mod options;
 mod state;
 mod tarfix;

@@ -598,35 +598,7 @@ fn default_socket() -> PathBuf {
     }
 }
 
-/// An absolute in-box path without `..`, NUL or newline.
-pub(crate) fn check_root(root: &str) -> Result<()> {
-    if !root.starts_with('/')
-        || root == "/"
-        || root.split('/').any(|c| c == "..")
-        || root.contains(['\0', '\n'])
-    {
-        return Err(Error::invalid(
-            "workspace root",
-            format!("`{root}` must be an absolute path below `/` without `..`"),
-        ));
-    }
-    Ok(())
-}
-
-/// A POSIX-ish environment variable name.
-pub(crate) fn check_env_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && !name.as_bytes()[0].is_ascii_digit()
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::invalid(
-            "environment variable",
-            format!("`{name}` is not a valid name"),
-        ))
-    }
-}
+pub(crate) use sandbox_core::posix::{check_env_name, check_root};
 
 #[cfg(test)]
 mod tests {

@@ -9,6 +9,9 @@ pub use sandbox_local as local;
 /// The Docker engine backend (feature `docker`).
 #[cfg(feature = "docker")]
 pub use sandbox_docker as docker;
+/// The Kubernetes (agent-sandbox) backend (feature `k8s`).
+#[cfg(feature = "k8s")]
+pub use sandbox_k8s as k8s;
 
 /// The agent filesystem: one interface, agent tools and three modes (feature `fs`, on by
 /// default).
@@ -73,6 +76,8 @@ pub fn enabled_backends() -> Vec<&'static str> {
         sandbox_local::BACKEND,
         #[cfg(feature = "docker")]
         sandbox_docker::BACKEND,
+        #[cfg(feature = "k8s")]
+        sandbox_k8s::BACKEND,
     ];
     tags.sort_unstable();
     tags
