@@ -12,11 +12,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt as _;
 use sandboxd_proto::ProcessServiceServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use process::Limits;
 
@@ -120,6 +122,14 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Start
         .map_err(|source| StartError::Bind { what, addr, source })
 }
 
+/// Small replies (a stream's events, a short response) go out at once: without it Nagle's
+/// algorithm holds them for the peer's delayed ACK, about 40 ms per exec round trip.
+fn no_delay(stream: &tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        debug!("TCP_NODELAY not set: {e}");
+    }
+}
+
 fn local(listener: &TcpListener) -> SocketAddr {
     listener
         .local_addr()
@@ -144,7 +154,7 @@ impl Server {
         let stopped = stop.clone().cancelled_owned();
         let router = rest::router(base.clone());
         tasks.spawn(async move {
-            axum::serve(rest, router)
+            axum::serve(rest.tap_io(|tcp| no_delay(tcp)), router)
                 .with_graceful_shutdown(stopped)
                 .await
                 .map_err(|e| format!("REST server: {e}"))
@@ -152,7 +162,7 @@ impl Server {
         let stopped = stop.clone().cancelled_owned();
         let router = legacy::router(base.clone());
         tasks.spawn(async move {
-            axum::serve(legacy, router)
+            axum::serve(legacy.tap_io(|tcp| no_delay(tcp)), router)
                 .with_graceful_shutdown(stopped)
                 .await
                 .map_err(|e| format!("legacy server: {e}"))
@@ -163,7 +173,8 @@ impl Server {
             tonic::transport::Server::builder()
                 .add_service(service)
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(grpc),
+                    tokio_stream::wrappers::TcpListenerStream::new(grpc)
+                        .map(|accepted| accepted.inspect(no_delay)),
                     stopped,
                 )
                 .await
