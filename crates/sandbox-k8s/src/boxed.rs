@@ -14,7 +14,6 @@ use sandbox_core::{
     BoxHandle, CommonState, Error, ExecRequest, ExecResult, ExportRequest, ImportMode,
     IsolationKey, OutputLimits, Persistence, RelPath, Result, SandboxState, TreeEntry, async_trait,
 };
-use tonic::transport::Channel;
 
 use crate::BACKEND;
 use crate::client::Shared;
@@ -69,7 +68,7 @@ struct Live {
     fresh: bool,
     sandbox: Option<SandboxInfo>,
     route: Option<Route>,
-    channel: Option<Channel>,
+    channel: Option<sandboxd::Grpc>,
 }
 
 /// One claim. Made by [`crate::K8sClient`].
@@ -200,7 +199,7 @@ impl K8sBox {
     }
 
     /// The gRPC channel to sandboxd, connecting on first use.
-    async fn channel(&self) -> Result<Channel> {
+    async fn channel(&self) -> Result<sandboxd::Grpc> {
         if let Some(c) = self.live().channel.clone() {
             return Ok(c);
         }
@@ -210,14 +209,15 @@ impl K8sBox {
                 "commands through the legacy runtime",
             ));
         };
-        let uri = self
-            .route()?
-            .grpc_uri(grpc_port)
-            .ok_or(Error::NotSupported {
-                backend: BACKEND,
-                operation: "sandboxd's gRPC through the sandbox router",
-            })?;
-        let channel = sandboxd::connect(&uri, self.shared.options.retries, &self.who()).await?;
+        let route = self.route()?;
+        let headers = sandboxd::CallHeaders::from_http(&route.headers(grpc_port)?)?;
+        let channel = sandboxd::connect(
+            &route.grpc_uri(grpc_port),
+            headers,
+            self.shared.options.retries,
+            &self.who(),
+        )
+        .await?;
         self.live().channel = Some(channel.clone());
         Ok(channel)
     }

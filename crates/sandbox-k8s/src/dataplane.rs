@@ -63,11 +63,12 @@ impl Route {
         }
     }
 
-    /// The gRPC endpoint of the server at `port` (direct routes only).
-    pub(crate) fn grpc_uri(&self, port: u16) -> Option<String> {
+    /// The gRPC endpoint of the server at `port`: the pod's, or the router's (h2c; the
+    /// [`Route::headers`] of `port` name the pod).
+    pub(crate) fn grpc_uri(&self, port: u16) -> String {
         match self {
-            Route::Direct { host } => Some(Self::host_port(host, port)),
-            Route::Router { .. } => None,
+            Route::Direct { host } => Self::host_port(host, port),
+            Route::Router { base, .. } => base.trim_end_matches('/').to_owned(),
         }
     }
 
@@ -250,7 +251,7 @@ mod tests {
             r.url(8080, "/v1/files/a"),
             "http://10.1.2.3:8080/v1/files/a"
         );
-        assert_eq!(r.grpc_uri(9090).as_deref(), Some("http://10.1.2.3:9090"));
+        assert_eq!(r.grpc_uri(9090), "http://10.1.2.3:9090");
         assert!(r.headers(8080).unwrap().is_empty());
         let v6 = Route::Direct {
             host: "fd00::5".into(),
@@ -267,7 +268,7 @@ mod tests {
             namespace: "agents".into(),
         };
         assert_eq!(r.url(8888, "/execute"), "http://router:8080/execute");
-        assert_eq!(r.grpc_uri(9090), None);
+        assert_eq!(r.grpc_uri(9090), "http://router:8080");
         let h = r.headers(8888).unwrap();
         assert_eq!(h["x-sandbox-id"], "sb-1");
         assert_eq!(h["x-sandbox-namespace"], "agents");

@@ -340,15 +340,17 @@ impl K8sOptions {
                     "REST and gRPC ports must be distinct and non-zero",
                 ));
             }
-            if matches!(
-                self.connection,
-                Connection::Router { .. } | Connection::Gateway { .. }
-            ) {
-                // sandboxd listens for its process service over HTTP/2 (gRPC); the router is
-                // an HTTP/1 proxy of the legacy port.
+            let tls = match &self.connection {
+                Connection::Router { url, .. } => url.starts_with("https://"),
+                Connection::Gateway { scheme, .. } => scheme == "https",
+                _ => false,
+            };
+            if tls {
+                // Through a router, sandboxd's process service is gRPC over h2c (the client
+                // is built without TLS); REST alone over https would be half a box.
                 return Err(Error::NotSupported {
                     backend: crate::BACKEND,
-                    operation: "the sandboxd runtime through the sandbox router or a Gateway",
+                    operation: "the sandboxd runtime through an https router or Gateway",
                 });
             }
         }
@@ -443,10 +445,15 @@ mod tests {
                 "{o:?}"
             );
         }
-        // sandboxd's gRPC does not go through the HTTP/1 router: refused, not half-working.
+        // sandboxd's gRPC goes through an http router (h2c), not an https one: refused, not
+        // half-working.
+        K8sOptions::new("pool")
+            .api_url("http://router:8080", None)
+            .validate()
+            .unwrap();
         assert!(matches!(
             K8sOptions::new("pool")
-                .api_url("http://router:8080", None)
+                .api_url("https://router:8443", None)
                 .validate(),
             Err(Error::NotSupported { .. })
         ));

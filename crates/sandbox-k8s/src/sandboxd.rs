@@ -18,6 +18,9 @@ use sandboxd_proto::write_stdin_request::Payload;
 use sandboxd_proto::{
     ProcessConfig, ProcessServiceClient, SendSignalRequest, Signal, StartRequest, WriteStdinRequest,
 };
+use tonic::metadata::{Ascii, MetadataKey, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::BACKEND;
@@ -29,8 +32,65 @@ const STDIN_CHUNK: usize = 1 << 20;
 /// How long output is still read after a kill.
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(3);
 
-/// Connect to sandboxd's gRPC port, retrying refused connects.
-pub(crate) async fn connect(uri: &str, retries: u32, who: &str) -> Result<Channel> {
+/// A connection to sandboxd's process service: the channel, and the headers every call
+/// carries (the X-Sandbox-* routing headers and the router's token when it goes through the
+/// sandbox router or a Gateway; none when it goes straight to the pod).
+pub(crate) type Grpc = InterceptedService<Channel, CallHeaders>;
+
+/// The headers added to every gRPC call (as metadata). `Debug` shows their names only: the
+/// router's bearer token is a secret.
+#[derive(Clone, Default)]
+pub(crate) struct CallHeaders(Vec<(MetadataKey<Ascii>, MetadataValue<Ascii>)>);
+
+impl std::fmt::Debug for CallHeaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(k, _)| k.as_str()))
+            .finish()
+    }
+}
+
+impl CallHeaders {
+    /// The metadata form of HTTP headers (names are lower-case ASCII already).
+    pub(crate) fn from_http(headers: &reqwest::header::HeaderMap) -> Result<Self> {
+        let mut out = Vec::with_capacity(headers.len());
+        for (name, value) in headers {
+            let key = MetadataKey::from_bytes(name.as_str().as_bytes())
+                .map_err(|_| Error::invalid("router header", "not a gRPC metadata name"))?;
+            let mut value = value
+                .to_str()
+                .ok()
+                .and_then(|v| MetadataValue::try_from(v).ok())
+                .ok_or_else(|| Error::invalid("router header", "not a gRPC metadata value"))?;
+            if name == reqwest::header::AUTHORIZATION {
+                value.set_sensitive(true);
+            }
+            out.push((key, value));
+        }
+        Ok(CallHeaders(out))
+    }
+}
+
+impl Interceptor for CallHeaders {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        for (key, value) in &self.0 {
+            request.metadata_mut().insert(key.clone(), value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// Connect to sandboxd's gRPC port (`uri`: the pod, or the router that adds `headers`' routing
+/// to it), retrying refused connects.
+pub(crate) async fn connect(
+    uri: &str,
+    headers: CallHeaders,
+    retries: u32,
+    who: &str,
+) -> Result<Grpc> {
     let endpoint = Endpoint::from_shared(uri.to_owned())
         .map_err(|e| Error::invalid("sandboxd address", format!("`{uri}`: {e}")))?
         .connect_timeout(Duration::from_secs(5))
@@ -39,7 +99,7 @@ pub(crate) async fn connect(uri: &str, retries: u32, who: &str) -> Result<Channe
     let mut attempt = 0;
     loop {
         match endpoint.connect().await {
-            Ok(c) => return Ok(c),
+            Ok(c) => return Ok(InterceptedService::new(c, headers)),
             Err(e) if attempt + 1 < retries => {
                 tracing::debug!(%uri, error = %e, attempt, "sandboxd connect failed; retrying");
                 tokio::time::sleep(backoff(attempt)).await;
@@ -88,7 +148,7 @@ pub(crate) struct Command {
 
 /// Kills a started command's tree when dropped while armed (a cancelled call, a timeout).
 struct Reaper {
-    channel: Channel,
+    channel: Grpc,
     pid: i32,
     marker: String,
     armed: bool,
@@ -115,7 +175,7 @@ impl Drop for Reaper {
 }
 
 /// `SendSignal(SIGKILL)` to the process, then every process carrying its marker.
-async fn kill_tree(channel: Channel, pid: i32, marker: String) {
+async fn kill_tree(channel: Grpc, pid: i32, marker: String) {
     let mut client = ProcessServiceClient::new(channel.clone());
     if let Err(e) = client
         .send_signal(SendSignalRequest {
@@ -130,7 +190,7 @@ async fn kill_tree(channel: Channel, pid: i32, marker: String) {
 }
 
 /// Kill whatever still carries `marker` (a finished command's leftovers, a killed tree).
-async fn reap(channel: Channel, marker: &str) {
+async fn reap(channel: Grpc, marker: &str) {
     let mut client = ProcessServiceClient::new(channel);
     let config = ProcessConfig::new(["sh", "-c", KILL_SCRIPT, "reap", marker]);
     let run = async {
@@ -157,7 +217,7 @@ struct Started {
 }
 
 async fn start(
-    channel: &Channel,
+    channel: &Grpc,
     who: &str,
     command: Command,
     stdin: Option<ByteStream>,
@@ -211,7 +271,7 @@ async fn start(
 
 /// Write `input` to the process's stdin in chunks, then close it.
 async fn feed_stdin(
-    mut client: ProcessServiceClient<Channel>,
+    mut client: ProcessServiceClient<Grpc>,
     pid: i32,
     input: Option<ByteStream>,
 ) -> Result<()> {
@@ -242,7 +302,7 @@ async fn feed_stdin(
 
 /// Run a command to its end (or its timeout), capturing its output within `limits`.
 pub(crate) async fn run(
-    channel: &Channel,
+    channel: &Grpc,
     who: &str,
     command: Command,
     stdin: Option<Bytes>,
@@ -318,7 +378,7 @@ pub(crate) async fn run(
 /// stream ends with an error unless the command exited 0; its stderr is in that error.
 /// `exit_errors` maps exit codes to typed errors first.
 pub(crate) async fn run_streaming(
-    channel: &Channel,
+    channel: &Grpc,
     who: &str,
     command: Command,
     stdin: Option<ByteStream>,

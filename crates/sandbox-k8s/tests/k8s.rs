@@ -300,3 +300,93 @@ async fn legacy_runtime_through_the_router_with_a_token() {
     assert!(other.exec(ExecRequest::shell("true")).await.is_err());
     b.destroy().await.expect("destroy");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
+async fn sandboxd_through_the_router_with_a_token() {
+    let c = common::cluster_with(k8s_testcluster::TestClusterOptions {
+        warm_pool_replicas: 1,
+        router_token: Some("router-secret".into()),
+        ..k8s_testcluster::TestClusterOptions::default()
+    })
+    .await;
+    let prefix = common::prefix();
+    let o = c
+        .options(&prefix)
+        .api_url(c.cluster.router_url(), Some("router-secret".into()));
+    let client = K8sClient::new(o).expect("client");
+    let caps = client.capabilities().exec;
+    assert!(caps.env && caps.cwd && caps.stdin && caps.tree_kill);
+    let spec = WorkspaceSpec::default();
+    let b = client
+        .create(CreateRequest::new(&spec, None))
+        .await
+        .expect("create");
+    b.boot().await.expect("boot");
+    // gRPC (h2c) through the router: streams, env, cwd, stdin and the exit code arrive.
+    let r = b
+        .exec(
+            ExecRequest::shell("cat; echo \"$V\" >&2; pwd; exit 3")
+                .env("V", "vee")
+                .cwd("/tmp")
+                .stdin("in\n"),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        (
+            r.exit_code,
+            r.stdout_str().as_ref(),
+            r.stderr_str().as_ref()
+        ),
+        (Some(3), "in\n/tmp\n", "vee\n")
+    );
+    // A timeout kills the tree through the router as well.
+    let r = b
+        .exec(ExecRequest::shell("sleep 100 & sleep 100").timeout(Duration::from_millis(500)))
+        .await
+        .expect("exec");
+    assert!(r.timed_out, "{r:?}");
+    let left = b
+        .exec(ExecRequest::shell(
+            "ps -eo args | grep -c '^sleep 100' || true",
+        ))
+        .await
+        .expect("ps");
+    assert_eq!(left.stdout_str().trim(), "0", "sleeps left running");
+    // REST files and a tar round trip (export on stdout, import on stdin).
+    let p = RelPath::new("d/f.txt").unwrap();
+    b.write_file(&p, Bytes::from_static(b"routed\n"), 0o640)
+        .await
+        .expect("write");
+    assert_eq!(&b.read_file(&p).await.expect("read")[..], b"routed\n");
+    let archive = stream::collect(
+        b.export(&Default::default()).await.expect("export"),
+        1 << 20,
+    )
+    .await
+    .expect("archive");
+    b.remove(std::slice::from_ref(&p)).await.expect("remove");
+    b.import(stream::once(archive), ImportMode::Merge)
+        .await
+        .expect("import");
+    assert_eq!(&b.read_file(&p).await.expect("read")[..], b"routed\n");
+    // A wrong router token is a typed error on the gRPC path too, not a retry loop.
+    let bad = K8sClient::new(
+        c.options(&prefix)
+            .api_url(c.cluster.router_url(), Some("wrong".into())),
+    )
+    .expect("client");
+    let state = b.state();
+    let other = bad.resume(&*state, &spec).await.expect("resume");
+    other.boot().await.expect("boot");
+    let refused = other.exec(ExecRequest::shell("true")).await;
+    assert!(
+        matches!(&refused, Err(e) if e.to_string().contains("401") || e.to_string().to_lowercase().contains("unauth")),
+        "{refused:?}"
+    );
+    b.destroy().await.expect("destroy");
+}
