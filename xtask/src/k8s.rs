@@ -80,7 +80,7 @@ pub(crate) fn fidelity() -> Result<(), String> {
 }
 
 /// `target/py-venv` with the pinned packages; its python.
-fn venv() -> Result<String, String> {
+pub(crate) fn venv() -> Result<String, String> {
     let root = workspace_root();
     let venv = root.join(VENV);
     let python = venv.join("bin/python");

@@ -56,11 +56,14 @@ fn test() -> Result<(), String> {
     docker_test_preflight()?;
     // Installed (a few minutes of compiling the first time) before any service starts.
     let s3fs = s3s_fs()?;
+    // The official Python SDKs, pinned (sandboxd's official-SDK test, the fidelity check).
+    let sdk_python = k8s::venv()?;
     // Stopped when it goes out of scope: after the tests, or at the first failure.
     let redis = RedisService::start()?;
     let mut env = docker_test_env();
     env.extend(redis.test_env());
     env.push((S3FS_VAR, s3fs));
+    env.push(("SANDBOXD_TEST_SDK_PYTHON", sdk_python));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     run_env("cargo", &["test", "--workspace", "--all-features"], &env)?;
     drop(redis);
