@@ -467,11 +467,7 @@ impl K8sBox {
             } => {
                 let control = self.shared.control().await?;
                 let addr = control.gateway_address(name, namespace).await?;
-                let host = if addr.contains(':') {
-                    format!("[{addr}]")
-                } else {
-                    addr
-                };
+                let host = gateway_host(addr);
                 Route::Router {
                     base: format!("{scheme}://{host}"),
                     token: token.clone(),
@@ -869,10 +865,28 @@ fn http_read_err(what: &str, e: reqwest::Error) -> Error {
     }
 }
 
+/// A Gateway address as a URL authority: an IPv6 address in brackets; an IPv4 address, a
+/// host name or a `host:port` as it is.
+fn gateway_host(addr: String) -> String {
+    if addr.parse::<std::net::Ipv6Addr>().is_ok() {
+        format!("[{addr}]")
+    } else {
+        addr
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{K8sClient, K8sOptions};
+
+    #[test]
+    fn gateway_addresses_become_authorities() {
+        assert_eq!(gateway_host("10.0.0.7".into()), "10.0.0.7");
+        assert_eq!(gateway_host("gw.example.com".into()), "gw.example.com");
+        assert_eq!(gateway_host("127.0.0.1:8080".into()), "127.0.0.1:8080");
+        assert_eq!(gateway_host("fd00::1".into()), "[fd00::1]");
+    }
 
     fn boxed(options: K8sOptions, root: &str) -> K8sBox {
         let client = K8sClient::new(options).unwrap();

@@ -390,3 +390,59 @@ async fn sandboxd_through_the_router_with_a_token() {
     );
     b.destroy().await.expect("destroy");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
+async fn sandboxd_through_the_gateway() {
+    use sandbox_k8s::Connection;
+    let c = common::cluster_with(k8s_testcluster::TestClusterOptions {
+        warm_pool_replicas: 1,
+        router_token: Some("gateway-secret".into()),
+        ..k8s_testcluster::TestClusterOptions::default()
+    })
+    .await;
+    let gateway = |token: &str| Connection::Gateway {
+        name: c.cluster.gateway_name().to_owned(),
+        namespace: c.cluster.namespace().to_owned(),
+        scheme: "http".into(),
+        token: Some(token.into()),
+    };
+    let prefix = common::prefix();
+    // The address comes from the Gateway's status.addresses (the test cluster's router).
+    let client =
+        K8sClient::new(c.options(&prefix).connection(gateway("gateway-secret"))).expect("client");
+    let spec = WorkspaceSpec::default();
+    let b = client
+        .create(CreateRequest::new(&spec, None))
+        .await
+        .expect("create");
+    b.boot().await.expect("boot");
+    let r = b
+        .exec(
+            ExecRequest::shell("cat; echo \"$V\"")
+                .env("V", "vee")
+                .stdin("in\n"),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        (r.exit_code, r.stdout_str().as_ref()),
+        (Some(0), "in\nvee\n")
+    );
+    let p = RelPath::new("g.txt").unwrap();
+    b.write_file(&p, Bytes::from_static(b"gateway\n"), 0o644)
+        .await
+        .expect("write");
+    assert_eq!(&b.read_file(&p).await.expect("read")[..], b"gateway\n");
+    // The token reaches the router through the Gateway route: a wrong one is refused.
+    let bad = K8sClient::new(c.options(&prefix).connection(gateway("wrong"))).expect("client");
+    let state = b.state();
+    let other = bad.resume(&*state, &spec).await.expect("resume");
+    other.boot().await.expect("boot");
+    assert!(other.exec(ExecRequest::shell("true")).await.is_err());
+    assert!(other.read_file(&p).await.is_err());
+    b.destroy().await.expect("destroy");
+}
