@@ -40,6 +40,21 @@ pub(crate) fn up(args: &[String]) -> Result<(), String> {
     run("cargo", &cmd)
 }
 
+/// `cargo xtask bench k8s`: build the images, then run the benchmark (release) with the pod
+/// image of this run.
+pub(crate) fn bench() -> Result<(), String> {
+    crate::docker_images()?;
+    let image = pod_image();
+    run_env(
+        "cargo",
+        &["bench", "-p", "sandbox-k8s", "--bench", "k8s"],
+        &[
+            ("SANDBOX_TEST_DOCKER", "1"),
+            ("SANDBOX_K8S_POD_IMAGE", image.as_str()),
+        ],
+    )
+}
+
 /// `cargo xtask k8s-fidelity`: start the cluster (bin), run the fidelity script with the
 /// pinned official clients, always stop the cluster.
 pub(crate) fn fidelity() -> Result<(), String> {
