@@ -574,6 +574,8 @@ fn event_stream(
                         if is_data {
                             outputs += 1;
                             if cut_after.is_some_and(|n| outputs >= n) {
+                                // Let the last output reach the client, then break off.
+                                tokio::time::sleep(Duration::from_millis(200)).await;
                                 let _ = tx.send(Err(std::io::Error::other("connection cut (injected fault)"))).await;
                                 return;
                             }

@@ -245,15 +245,16 @@ impl Shared {
         Ok(sb)
     }
 
-    /// Remove a sandbox and its container; false when there was none.
+    /// Remove a sandbox and its container; false when there was none. The container goes
+    /// first, so a sandbox the API no longer knows has no container left.
     pub(crate) async fn kill(&self, id: &str) -> bool {
-        let Some(sb) = lock(&self.sandboxes).remove(id) else {
+        let Some(sb) = self.get(id) else {
             return false;
         };
         if let Err(e) = test_docker::remove(&sb.container).await {
             tracing::warn!(error = %e, sandbox = id, "removing a sandbox's container");
         }
-        true
+        lock(&self.sandboxes).remove(id).is_some()
     }
 }
 

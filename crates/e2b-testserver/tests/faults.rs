@@ -59,7 +59,7 @@ async fn auth_failures() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
     // Signed file URLs: valid, tampered, expired.
-    let sig = e2b_sig("/etc/hostname", "read", "", &token, None);
+    let sig = enc(&e2b_sig("/etc/hostname", "read", "", &token, None));
     let r = t
         .envd(
             Method::GET,
@@ -83,7 +83,7 @@ async fn auth_failures() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     let past = chrono::Utc::now().timestamp() - 10;
-    let sig = e2b_sig("/etc/hostname", "read", "", &token, Some(past));
+    let sig = enc(&e2b_sig("/etc/hostname", "read", "", &token, Some(past)));
     let r = t
         .envd(
             Method::GET,
@@ -116,6 +116,11 @@ async fn auth_failures() {
     assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
     let v: serde_json::Value = r.json().await.unwrap();
     assert!(v["message"].as_str().unwrap().contains("was not found"));
+}
+
+/// Query-encode like the SDK (`urllib.parse.quote`): `+` and `/` must not pass raw.
+fn enc(s: &str) -> String {
+    s.replace('+', "%2B").replace('/', "%2F")
 }
 
 /// The SDK's signature rule, computed independently of the server's code.
