@@ -111,7 +111,9 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             let Some(sb) = shared.get(id) else {
                 return not_found(id);
             };
-            lock(&sb.inner).end_at = Utc::now() + Duration::from_secs(t.min(MAX_TIMEOUT_SECS));
+            let mut inner = lock(&sb.inner);
+            inner.timeout = Duration::from_secs(t.min(MAX_TIMEOUT_SECS));
+            inner.end_at = Utc::now() + inner.timeout;
             no_content()
         }
         (&Method::POST, ["sandboxes", id, "refreshes"]) => {
@@ -285,14 +287,12 @@ async fn connect(shared: &Arc<Shared>, id: &str, b: Value, resume_only: bool) ->
             &format!("sandbox \"{id}\" doesn't exist or you don't have access to it"),
         );
     };
+    // No timeout: a running sandbox keeps its end time, a resumed one gets its last
+    // timeout again.
     let timeout = match &b["timeout"] {
-        Value::Null if resume_only => DEFAULT_TIMEOUT_SECS,
-        Value::Null => {
-            // The SDK may leave it out; keep the current end time.
-            0
-        }
+        Value::Null => None,
         v => match v.as_u64() {
-            Some(t) => t.min(MAX_TIMEOUT_SECS),
+            Some(t) => Some(Duration::from_secs(t.min(MAX_TIMEOUT_SECS))),
             None => return error(400, "timeout must be an integer >= 0"),
         },
     };
@@ -311,9 +311,14 @@ async fn connect(shared: &Arc<Shared>, id: &str, b: Value, resume_only: bool) ->
     };
     {
         let mut inner = lock(&sb.inner);
-        let new_end = Utc::now() + Duration::from_secs(timeout);
-        if resumed || new_end > inner.end_at {
-            inner.end_at = new_end.max(Utc::now() + Duration::from_secs(1));
+        let now = Utc::now();
+        match timeout {
+            // Running: the timeout only ever extends.
+            Some(t) if !resumed && now + t > inner.end_at => inner.end_at = now + t,
+            Some(_) if !resumed => {}
+            Some(t) => inner.end_at = now + t,
+            None if resumed => inner.end_at = now + inner.timeout,
+            None => {}
         }
     }
     let status = if resumed {

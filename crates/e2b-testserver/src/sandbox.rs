@@ -40,6 +40,8 @@ impl State {
 pub(crate) struct Inner {
     pub state: State,
     pub end_at: DateTime<Utc>,
+    /// The last timeout set (create or `/timeout`): what a resume without one gets.
+    pub timeout: Duration,
     pub envd_token: Option<String>,
     pub auto_pause: bool,
 }
@@ -234,6 +236,7 @@ impl Shared {
             inner: Mutex::new(Inner {
                 state: State::Running,
                 end_at: now + new.timeout,
+                timeout: new.timeout,
                 envd_token: new.secure.then(|| crate::random_string(32)),
                 auto_pause: new.auto_pause,
             }),

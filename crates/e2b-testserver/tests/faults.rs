@@ -284,6 +284,17 @@ async fn sandboxes_disappear_and_expire() {
         }
     }
     assert!(paused);
+    // Connect without a timeout resumes it with its last timeout again (201).
+    let c = t
+        .api(
+            "POST",
+            &format!("/v2/sandboxes/{id3}/connect"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(c.status, StatusCode::CREATED, "{}", c.body);
+    let d = t.api("GET", &format!("/sandboxes/{id3}"), None).await;
+    assert_eq!(d.body["state"], "running");
     assert_eq!(
         t.api(
             "POST",
