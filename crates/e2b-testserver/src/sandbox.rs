@@ -248,6 +248,24 @@ impl Shared {
         Ok(sb)
     }
 
+    /// Remove the container behind the API's back.
+    pub(crate) async fn disappear(&self, id: &str) -> Result<(), crate::Error> {
+        let sb = self
+            .get(id)
+            .ok_or_else(|| crate::Error::NotFound(id.to_owned()))?;
+        Ok(test_docker::remove(&sb.container).await?)
+    }
+
+    /// A new envd access token for a sandbox.
+    pub(crate) fn rotate_envd_token(&self, id: &str) -> Result<String, crate::Error> {
+        let sb = self
+            .get(id)
+            .ok_or_else(|| crate::Error::NotFound(id.to_owned()))?;
+        let token = crate::random_string(32);
+        lock(&sb.inner).envd_token = Some(token.clone());
+        Ok(token)
+    }
+
     /// Remove a sandbox and its container; false when there was none. The container goes
     /// first, so a sandbox the API no longer knows has no container left.
     pub(crate) async fn kill(&self, id: &str) -> bool {

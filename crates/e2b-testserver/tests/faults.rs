@@ -241,6 +241,46 @@ async fn sandboxes_disappear_and_expire() {
         v["message"].as_str().unwrap().contains("was not found"),
         "{v}"
     );
+    // Connect calls too, streaming or unary: the proxy answers, not envd.
+    let b = e2b_envd_proto::envelope::encode(0, common::bash("true").to_string().as_bytes());
+    let r = t
+        .envd(Method::POST, &id, Some(&token), "/process.Process/Start")
+        .header("content-type", "application/connect+json")
+        .body(b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+    let (s, v) = t
+        .unary_json(
+            &id,
+            &token,
+            "filesystem.Filesystem/Stat",
+            json!({"path": "/"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY, "{v}");
+    // The fault endpoint (for clients outside the process) reaches the same plan.
+    let r = t
+        .api("POST", "/e2b-testserver/v1/faults", Some(json!({"action": "fail_next", "method": "GET", "path": "/v2/sandboxes", "status": 502})))
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        t.api("GET", "/v2/sandboxes", None).await.status,
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(
+        t.api("GET", "/v2/sandboxes", None).await.status,
+        StatusCode::OK
+    );
+    let r = t
+        .api(
+            "POST",
+            "/e2b-testserver/v1/faults",
+            Some(json!({"action": "explode"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
 
     // Timeout: the TTL counts from now; an expired sandbox is removed with its container.
     let (id2, _) = t
