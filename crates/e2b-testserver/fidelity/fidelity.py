@@ -5,7 +5,9 @@ E2B_SANDBOX_URL, E2B_DOMAIN and E2B_API_KEY (never E2B_DEBUG: debug mode skips t
 Uses the pinned official SDK (`e2b`, requirements.txt) the way an application does: create a
 sandbox with metadata and envs, run commands (env, cwd, a timeout, a non-zero exit, a killed
 background command), write/read/list files, list sandboxes by metadata, pause and connect,
-snapshot and create from the snapshot, kill.
+snapshot and create from the snapshot, kill; then the server's faults (a 503 on create, a
+429 with Retry-After, a rotated envd token, a Start stream cut mid-command, a sandbox whose
+container vanished) through its test-only fault endpoint.
 
 Every check prints one line; the first failure raises (non-zero exit). The last line is
 `fidelity: N checks passed`.
@@ -16,11 +18,13 @@ import sys
 import time
 import uuid
 
+import httpx
 from e2b import (
     AuthenticationException,
     CommandExitException,
     NotFoundException,
     Sandbox,
+    SandboxNotRunningException,
     SandboxQuery,
     TimeoutException,
 )
@@ -47,6 +51,52 @@ def expect(exc_type, fn, what):
             f"fidelity check failed: {what} raised {type(e).__name__}: {e}, not {exc_type.__name__}"
         ) from e
     raise AssertionError(f"fidelity check failed: {what} did not raise {exc_type.__name__}")
+
+
+def fault(action):
+    """Program the test server's fault plan (its test-only endpoint, same auth as the API)."""
+    r = httpx.post(
+        f"{os.environ['E2B_API_URL']}/e2b-testserver/v1/faults",
+        json=action,
+        headers={"X-API-Key": os.environ["E2B_API_KEY"]},
+        timeout=10,
+    )
+    r.raise_for_status()
+    return r.json() if r.content else None
+
+
+def faults(run_id):
+    """How the SDK copes with the server's failures."""
+    # A 503 on create: the SDK retries (an Idempotency-Key makes that safe).
+    fault({"action": "fail_next", "method": "POST", "path": "/v2/sandboxes", "status": 503, "count": 1})
+    sbx = Sandbox.create(metadata={"fidelity": run_id, "faults": "yes"}, timeout=120)
+    check(bool(sbx.sandbox_id), "Sandbox.create retried through a 503")
+    # A 429 with Retry-After: waited for, then retried.
+    fault({"action": "rate_limit_next", "method": "GET", "path": f"/sandboxes/{sbx.sandbox_id}",
+           "retry_after_ms": 1000, "count": 1})
+    started = time.monotonic()
+    info = sbx.get_info()
+    check(info.sandbox_id == sbx.sandbox_id and time.monotonic() - started >= 0.9,
+          "get_info waited out a 429 Retry-After: 1")
+    # A rotated envd token: the old one is refused.
+    new = fault({"action": "rotate_envd_token", "sandboxID": sbx.sandbox_id})["envdAccessToken"]
+    expect(AuthenticationException, lambda: sbx.commands.run("true"), "a command with a rotated envd token")
+    fresh = Sandbox.connect(sbx.sandbox_id)
+    check(fresh.commands.run("echo ok").stdout == "ok\n" and bool(new), "connect picks up the new token")
+    # A Start stream cut mid-command: the SDK reports an error, the sandbox stays usable.
+    fault({"action": "cut_next_start_stream", "after_outputs": 1})
+    try:
+        fresh.commands.run("echo one; sleep 0.3; echo two")
+        raise AssertionError("fidelity check failed: a cut stream did not raise")
+    except AssertionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the type is what the SDK makes of a reset
+        check(True, f"a cut Start stream -> {type(e).__name__}")
+    check(fresh.commands.run("echo again").stdout == "again\n", "the next command works")
+    # The container removed behind the API: the proxy's 502 "... was not found".
+    fault({"action": "disappear", "sandboxID": sbx.sandbox_id})
+    expect(SandboxNotRunningException, lambda: fresh.commands.run("true"), "a command in a vanished sandbox")
+    check(fresh.kill() is True, "kill the vanished sandbox")
 
 
 def main():
@@ -130,6 +180,7 @@ def main():
         lambda: Sandbox.create(api_key="e2b_" + "0" * 40),
         "a wrong API key",
     )
+    faults(run_id)
     print(f"fidelity: {checks} checks passed", flush=True)
 
 
