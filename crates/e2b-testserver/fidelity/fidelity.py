@@ -65,6 +65,35 @@ def fault(action):
     return r.json() if r.content else None
 
 
+def proto_codec(sbx):
+    """The SDK's generated Connect clients with the binary codec (the Rust backend's), which
+    checks the server's messages against the official descriptors. No compression, as the SDK
+    itself sends."""
+    from e2b.envd.filesystem import filesystem_connect, filesystem_pb
+    from e2b.envd.process import process_connect, process_pb
+
+    url = os.environ["E2B_SANDBOX_URL"]
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+    plain = {"send_compression": None, "accept_compression": ()}
+    p = process_connect.ProcessClientSync(url, **plain)
+    req = process_pb.StartRequest(
+        process=process_pb.ProcessConfig(cmd="/bin/sh", args=["-c", "echo proto; exit 4"]), stdin=False
+    )
+    events = [e.event.event for e in p.start(req, headers=headers)]
+    kinds = [ev.field for ev in events]
+    check(kinds[0] == "start" and kinds[-1] == "end", f"proto Start events {kinds}")
+    out = b"".join(ev.value.output.value for ev in events if ev.field == "data")
+    end = events[-1].value
+    check(out == b"proto\n" and end.exit_code == 4 and end.status == "exit status 4",
+          f"proto Start output and end ({end.exit_code}, {end.status!r})")
+    f = filesystem_connect.FilesystemClientSync(url, **plain)
+    st = f.stat(filesystem_pb.StatRequest(path="/etc/hostname"), headers=headers).entry
+    check(st.name == "hostname" and st.size > 0 and st.type == filesystem_pb.FileType.FILE,
+          "proto Stat entry")
+    names = [e.name for e in f.list_dir(filesystem_pb.ListDirRequest(path="/etc", depth=1), headers=headers).entries]
+    check("hostname" in names, f"proto ListDir ({len(names)} entries)")
+
+
 def faults(run_id):
     """How the SDK copes with the server's failures."""
     # A 503 on create: the SDK retries (an Idempotency-Key makes that safe).
@@ -162,6 +191,8 @@ def main():
     check(str(getattr(paused[0].state, "value", paused[0].state)) == "paused", "listed as paused")
     again = Sandbox.connect(sbx.sandbox_id)
     check(again.commands.run("cat /tmp/fidelity/a.txt").stdout == "alpha", "connect resumes it")
+
+    proto_codec(again)
 
     snap = again.create_snapshot()
     check(bool(snap.snapshot_id), f"create_snapshot -> {snap.snapshot_id}")
