@@ -13,7 +13,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::Bytes;
 use futures::StreamExt;
 use prost::Message;
 use sandbox_cloud::{Idempotency, Secret};
@@ -22,9 +22,10 @@ use sandbox_core::stream::ByteStream;
 use sandbox_core::{CappedBuffer, CapturedOutput, Error, ExecResult, OutputLimits, Result};
 
 use crate::BACKEND;
-use crate::options::ENVD_PORT;
-use crate::proto::process_event::{Event, data_event::Output};
-use crate::proto::{
+use e2b_envd_proto::ENVD_PORT;
+use e2b_envd_proto::envelope::{self, Decoder};
+use e2b_envd_proto::process::process_event::{Event, data_event::Output};
+use e2b_envd_proto::process::{
     CloseStdinRequest, ProcessConfig, ProcessInput, ProcessSelector, SendInputRequest,
     SendSignalRequest, Signal, StartRequest, StartResponse, process_input,
 };
@@ -183,12 +184,7 @@ impl Envd {
     /// `process.Process/Start`: the answer's event stream (the request is refused with a
     /// typed error before anything ran on a non-200 status).
     async fn start_stream(&self, request: &StartRequest) -> Result<Events> {
-        let mut body = Vec::with_capacity(request.encoded_len() + 5);
-        body.push(0u8);
-        body.extend_from_slice(&(request.encoded_len() as u32).to_be_bytes());
-        request
-            .encode(&mut body)
-            .map_err(|e| Error::backend(BACKEND, "exec", e.to_string()))?;
+        let body = envelope::encode(envelope::MESSAGE, &request.encode_to_vec());
         let r = self
             .request(reqwest::Method::POST, "/process.Process/Start")
             .header(reqwest::header::CONTENT_TYPE, "application/connect+proto")
@@ -201,7 +197,7 @@ impl Envd {
         let r = self.check("exec", r, Idempotency::NotIdempotent).await?;
         Ok(Events {
             body: r.bytes_stream().boxed(),
-            buf: BytesMut::new(),
+            decoder: Decoder::new(),
             who: self.who(),
             done: false,
         })
@@ -415,7 +411,7 @@ fn method_op(method: &'static str) -> &'static str {
 /// The events of one `Start` stream.
 struct Events {
     body: futures::stream::BoxStream<'static, reqwest::Result<Bytes>>,
-    buf: BytesMut,
+    decoder: Decoder,
     who: String,
     done: bool,
 }
@@ -443,48 +439,41 @@ impl Events {
             if self.done {
                 return Ok(None);
             }
-            if self.buf.len() >= 5 {
-                let flags = self.buf[0];
-                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
-                    as usize;
-                if len > MAX_ENVELOPE {
-                    return Err(self.cut(format!("an envelope of {len} bytes")));
+            if let Some((flags, payload)) = self.decoder.next_envelope() {
+                if flags & envelope::COMPRESSED != 0 {
+                    return Err(Error::backend(
+                        BACKEND,
+                        "exec",
+                        "envd sent a compressed message that was not asked for",
+                    ));
                 }
-                if self.buf.len() >= 5 + len {
-                    self.buf.advance(5);
-                    let payload = self.buf.split_to(len).freeze();
-                    if flags & 0x01 != 0 {
-                        return Err(Error::backend(
-                            BACKEND,
-                            "exec",
-                            "envd sent a compressed message that was not asked for",
-                        ));
-                    }
-                    if flags & 0x02 != 0 {
-                        self.done = true;
-                        let end: EndStream = if payload.is_empty() {
-                            EndStream::default()
-                        } else {
-                            serde_json::from_slice(&payload).map_err(|e| {
-                                Error::backend(BACKEND, "exec", format!("bad end-stream JSON: {e}"))
-                            })?
-                        };
-                        return match end.error {
-                            None => Ok(None),
-                            Some(e) => Err(connect_error(&self.who, e)),
-                        };
-                    }
-                    let m = StartResponse::decode(payload).map_err(|e| {
-                        Error::backend(BACKEND, "exec", format!("bad StartResponse: {e}"))
-                    })?;
-                    match m.event.and_then(|e| e.event) {
-                        Some(Event::Keepalive(_)) | None => continue,
-                        Some(e) => return Ok(Some(e)),
-                    }
+                if flags & envelope::END_STREAM != 0 {
+                    self.done = true;
+                    let end: EndStream = if payload.is_empty() {
+                        EndStream::default()
+                    } else {
+                        serde_json::from_slice(&payload).map_err(|e| {
+                            Error::backend(BACKEND, "exec", format!("bad end-stream JSON: {e}"))
+                        })?
+                    };
+                    return match end.error {
+                        None => Ok(None),
+                        Some(e) => Err(connect_error(&self.who, e)),
+                    };
+                }
+                let m = StartResponse::decode(payload).map_err(|e| {
+                    Error::backend(BACKEND, "exec", format!("bad StartResponse: {e}"))
+                })?;
+                match m.event.and_then(|e| e.event) {
+                    Some(Event::Keepalive(_)) | None => continue,
+                    Some(e) => return Ok(Some(e)),
                 }
             }
+            if self.decoder.pending() > MAX_ENVELOPE + 5 {
+                return Err(self.cut("an envelope larger than 64 MiB".into()));
+            }
             match self.body.next().await {
-                Some(Ok(chunk)) => self.buf.extend_from_slice(&chunk),
+                Some(Ok(chunk)) => self.decoder.push(&chunk),
                 Some(Err(e)) => return Err(self.cut(e.to_string())),
                 None => return Err(self.cut("the connection closed".into())),
             }
@@ -874,16 +863,13 @@ mod tests {
     use super::*;
 
     fn envelope(flags: u8, payload: &[u8]) -> Vec<u8> {
-        let mut v = vec![flags];
-        v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        v.extend_from_slice(payload);
-        v
+        envelope::encode(flags, payload).to_vec()
     }
 
     fn events_of(chunks: Vec<Vec<u8>>) -> Events {
         Events {
             body: futures::stream::iter(chunks.into_iter().map(|c| Ok(Bytes::from(c)))).boxed(),
-            buf: BytesMut::new(),
+            decoder: Decoder::new(),
             who: "envd of e2b sandbox t".into(),
             done: false,
         }
@@ -891,14 +877,14 @@ mod tests {
 
     fn event(e: Event) -> Vec<u8> {
         StartResponse {
-            event: Some(crate::proto::ProcessEvent { event: Some(e) }),
+            event: Some(e2b_envd_proto::process::ProcessEvent { event: Some(e) }),
         }
         .encode_to_vec()
     }
 
     #[tokio::test]
     async fn envelopes_split_across_chunks_decode() {
-        use crate::proto::process_event::{DataEvent, EndEvent, StartEvent};
+        use e2b_envd_proto::process::process_event::{DataEvent, EndEvent, StartEvent};
         let mut all = envelope(0, &event(Event::Start(StartEvent { pid: 7 })));
         all.extend(envelope(
             0,

@@ -5,7 +5,6 @@ mod boxed;
 mod client;
 mod envd;
 mod options;
-mod proto;
 mod state;
 mod transfer;
 

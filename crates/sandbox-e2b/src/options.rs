@@ -8,8 +8,7 @@ use sandbox_cloud::{HttpOptions, Secret};
 use sandbox_core::posix::{check_env_name, check_root};
 use sandbox_core::{Error, Persistence, Result};
 
-/// envd's port inside every sandbox.
-pub const ENVD_PORT: u16 = 49983;
+pub use e2b_envd_proto::ENVD_PORT;
 
 /// How a box's work survives between calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
