@@ -165,6 +165,7 @@ impl E2bBox {
         sandbox_id: Option<String>,
         template: String,
         domain: Option<String>,
+        lost: bool,
     ) -> Self {
         E2bBox {
             shared,
@@ -173,6 +174,7 @@ impl E2bBox {
                 sandbox_id,
                 template,
                 domain,
+                lost,
                 ..Live::default()
             }),
         }

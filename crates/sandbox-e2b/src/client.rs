@@ -148,6 +148,7 @@ impl SandboxClient for E2bClient {
             None,
             self.shared.options.template.clone(),
             None,
+            false,
         )))
     }
 
@@ -163,9 +164,11 @@ impl SandboxClient for E2bClient {
         check_root(&config.root)?;
         // An ephemeral box did not outlive its call: a sandbox of its own, and the workspace
         // comes back from the snapshot.
-        let (id, template) = match self.shared.options.persistence {
-            Persistence::Ephemeral => (None, self.shared.options.template.clone()),
-            _ => (s.sandbox_id.clone(), s.template.clone()),
+        let ephemeral = self.shared.options.persistence == Persistence::Ephemeral;
+        let (id, template) = if ephemeral {
+            (None, self.shared.options.template.clone())
+        } else {
+            (s.sandbox_id.clone(), s.template.clone())
         };
         Ok(Box::new(E2bBox::new(
             self.shared.clone(),
@@ -173,6 +176,7 @@ impl SandboxClient for E2bClient {
             id,
             template,
             s.domain.clone(),
+            ephemeral,
         )))
     }
 

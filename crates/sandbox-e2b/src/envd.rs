@@ -24,7 +24,7 @@ use sandbox_core::{CappedBuffer, CapturedOutput, Error, ExecResult, OutputLimits
 use crate::BACKEND;
 use e2b_envd_proto::ENVD_PORT;
 use e2b_envd_proto::envelope::{self, Decoder};
-use e2b_envd_proto::process::process_event::{Event, data_event::Output};
+use e2b_envd_proto::process::process_event::{Event, Output};
 use e2b_envd_proto::process::{
     CloseStdinRequest, ProcessConfig, ProcessInput, ProcessSelector, SendInputRequest,
     SendSignalRequest, Signal, StartRequest, StartResponse, process_input,
@@ -93,6 +93,7 @@ impl Envd {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn base(&self) -> &str {
         &self.base
     }
@@ -568,6 +569,7 @@ async fn reap(envd: &Conn, marker: &str) {
             envs: HashMap::new(),
             cwd: None,
         }),
+        pty: None,
         tag: None,
         stdin: Some(false),
     };
@@ -604,9 +606,6 @@ impl KeepAlive {
         })))
     }
 
-    pub(crate) fn none() -> Self {
-        KeepAlive(None)
-    }
 }
 
 impl Drop for KeepAlive {
@@ -639,6 +638,7 @@ async fn start(envd: &Arc<Conn>, command: Command, stdin: Option<ByteStream>) ->
             envs: env,
             cwd: None,
         }),
+        pty: None,
         tag: None,
         stdin: Some(stdin.is_some()),
     };
