@@ -71,7 +71,10 @@ impl From<RawSandbox> for Sandbox {
             id: r.sandbox_id,
             template: r.template_id,
             envd_version: r.envd_version,
-            token: r.envd_access_token.filter(|t| !t.is_empty()).map(Secret::new),
+            token: r
+                .envd_access_token
+                .filter(|t| !t.is_empty())
+                .map(Secret::new),
             domain: r.domain.filter(|d| !d.is_empty()),
             metadata: r.metadata.unwrap_or_default(),
             state: r.state,
@@ -110,7 +113,9 @@ pub(crate) struct Api {
 
 impl fmt::Debug for Api {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Api").field("base", &self.base).finish_non_exhaustive()
+        f.debug_struct("Api")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
     }
 }
 
@@ -306,7 +311,11 @@ impl Api {
             })
             .await?;
         if s.snapshot_id.is_empty() {
-            return Err(Error::backend(BACKEND, "snapshot sandbox", "empty snapshotID"));
+            return Err(Error::backend(
+                BACKEND,
+                "snapshot sandbox",
+                "empty snapshotID",
+            ));
         }
         Ok(s.snapshot_id)
     }
@@ -365,7 +374,11 @@ impl Api {
                 source: Some(Box::new(e)),
             })?;
             let page: Vec<RawSandbox> = serde_json::from_slice(&body).map_err(|e| {
-                Error::backend(BACKEND, "list sandboxes", format!("not a sandbox list: {e}"))
+                Error::backend(
+                    BACKEND,
+                    "list sandboxes",
+                    format!("not a sandbox list: {e}"),
+                )
             })?;
             out.extend(
                 page.into_iter()
@@ -377,7 +390,11 @@ impl Api {
                 return Ok(out);
             }
         }
-        Err(Error::backend(BACKEND, "list sandboxes", "more than 1000 pages"))
+        Err(Error::backend(
+            BACKEND,
+            "list sandboxes",
+            "more than 1000 pages",
+        ))
     }
 }
 

@@ -190,9 +190,10 @@ impl E2bBox {
     }
 
     fn conn(&self) -> Result<Arc<Conn>> {
-        self.live().conn.clone().ok_or_else(|| {
-            Error::backend(BACKEND, "envd", "the box is not booted (no sandbox)")
-        })
+        self.live()
+            .conn
+            .clone()
+            .ok_or_else(|| Error::backend(BACKEND, "envd", "the box is not booted (no sandbox)"))
     }
 
     /// Base environment of every command: options, then spec.
@@ -583,7 +584,9 @@ impl BoxHandle for E2bBox {
             env,
             request.stdin,
             request.limits,
-            request.timeout.unwrap_or(self.shared.options.default_timeout),
+            request
+                .timeout
+                .unwrap_or(self.shared.options.default_timeout),
         )
         .await
     }
@@ -708,9 +711,10 @@ impl BoxHandle for E2bBox {
     #[tracing::instrument(skip(self), fields(backend = BACKEND))]
     async fn native_snapshot(&self) -> Result<String> {
         self.shared.check_native()?;
-        let id = self.live().sandbox_id.clone().ok_or_else(|| {
-            Error::backend(BACKEND, "native snapshot", "the box has no sandbox")
-        })?;
+        let id =
+            self.live().sandbox_id.clone().ok_or_else(|| {
+                Error::backend(BACKEND, "native snapshot", "the box has no sandbox")
+            })?;
         let snapshot = self.shared.api.snapshot(&id).await?;
         tracing::info!(sandbox = %id, %snapshot, "native snapshot taken");
         Ok(snapshot)

@@ -210,7 +210,10 @@ impl Envd {
             .map_err(|e| Error::invalid("envd url", e.to_string()))?;
         url.query_pairs_mut().append_pair("path", path);
         let r = self
-            .request(reqwest::Method::GET, &format!("/files?{}", url.query().unwrap_or("")))
+            .request(
+                reqwest::Method::GET,
+                &format!("/files?{}", url.query().unwrap_or("")),
+            )
             .send()
             .await
             .map_err(|e| self.unreachable("read a file", e))?;
@@ -235,7 +238,10 @@ impl Envd {
             .map_err(|e| Error::invalid("envd url", e.to_string()))?;
         url.query_pairs_mut().append_pair("path", path);
         let r = self
-            .request(reqwest::Method::POST, &format!("/files?{}", url.query().unwrap_or("")))
+            .request(
+                reqwest::Method::POST,
+                &format!("/files?{}", url.query().unwrap_or("")),
+            )
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .body(body)
             .send()
@@ -375,7 +381,9 @@ impl Conn {
     /// Upload `data` to `path` (made again after a refused token: the body is at hand).
     pub(crate) async fn upload_bytes(&self, path: &str, data: Bytes) -> Result<()> {
         match self.envd().upload(path, data.clone().into()).await {
-            Err(Error::Unauthorized { .. }) => self.refresh().await?.upload(path, data.into()).await,
+            Err(Error::Unauthorized { .. }) => {
+                self.refresh().await?.upload(path, data.into()).await
+            }
             r => r,
         }
     }
@@ -565,7 +573,12 @@ async fn reap(envd: &Conn, marker: &str) {
     let request = StartRequest {
         process: Some(ProcessConfig {
             cmd: "sh".into(),
-            args: vec!["-c".into(), KILL_SCRIPT.into(), "reap".into(), marker.into()],
+            args: vec![
+                "-c".into(),
+                KILL_SCRIPT.into(),
+                "reap".into(),
+                marker.into(),
+            ],
             envs: HashMap::new(),
             cwd: None,
         }),
@@ -599,13 +612,16 @@ impl KeepAlive {
             loop {
                 tokio::time::sleep(every).await;
                 match api.set_timeout(&sandbox, timeout).await {
-                    Ok(()) => tracing::debug!(%sandbox, "sandbox timeout extended for a long command"),
-                    Err(e) => tracing::warn!(%sandbox, error = %e, "extending the sandbox timeout failed"),
+                    Ok(()) => {
+                        tracing::debug!(%sandbox, "sandbox timeout extended for a long command")
+                    }
+                    Err(e) => {
+                        tracing::warn!(%sandbox, error = %e, "extending the sandbox timeout failed")
+                    }
                 }
             }
         })))
     }
-
 }
 
 impl Drop for KeepAlive {
@@ -812,7 +828,8 @@ pub(crate) async fn run_streaming(
                 match ev {
                     Some(Event::Data(d)) => match d.output {
                         Some(Output::Stdout(b)) => {
-                            if tx.send(Ok(Bytes::from(b))).await.is_err() {
+                            let sent = tx.send(Ok(Bytes::from(b))).await;
+                            if sent.is_err() {
                                 return Err(Error::backend(BACKEND, "exec", "reader went away"));
                             }
                         }

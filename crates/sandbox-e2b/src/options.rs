@@ -265,7 +265,10 @@ impl E2bOptions {
                 "no API key (set E2B_API_KEY or E2bOptions::api_key)",
             ));
         }
-        for (what, url) in [("api url", Some(&self.api_url)), ("sandbox url", self.sandbox_url.as_ref())] {
+        for (what, url) in [
+            ("api url", Some(&self.api_url)),
+            ("sandbox url", self.sandbox_url.as_ref()),
+        ] {
             if let Some(url) = url {
                 let parsed = reqwest::Url::parse(url)
                     .map_err(|e| Error::invalid("e2b options", format!("{what} `{url}`: {e}")))?;
@@ -308,13 +311,19 @@ mod tests {
     fn debug_hides_the_key_and_env_values() {
         let o = E2bOptions::new(Secret::new("e2b_verysecret")).env("TOKEN", "hunter2");
         let shown = format!("{o:?}");
-        assert!(!shown.contains("verysecret") && !shown.contains("hunter2"), "{shown}");
+        assert!(
+            !shown.contains("verysecret") && !shown.contains("hunter2"),
+            "{shown}"
+        );
         assert!(shown.contains("TOKEN"), "{shown}");
     }
 
     #[test]
     fn bad_options_are_typed_errors() {
-        assert!(matches!(E2bOptions::default().validate(), Err(Error::InvalidInput { .. })));
+        assert!(matches!(
+            E2bOptions::default().validate(),
+            Err(Error::InvalidInput { .. })
+        ));
         let ok = E2bOptions::new(Secret::new("k"));
         ok.validate().unwrap();
         for bad in [
@@ -326,7 +335,10 @@ mod tests {
             ok.clone().env("A=B", "x"),
             ok.clone().sandbox_timeout(Duration::ZERO),
         ] {
-            assert!(matches!(bad.validate(), Err(Error::InvalidInput { .. })), "{bad:?}");
+            assert!(
+                matches!(bad.validate(), Err(Error::InvalidInput { .. })),
+                "{bad:?}"
+            );
         }
     }
 

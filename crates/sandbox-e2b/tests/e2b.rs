@@ -8,12 +8,12 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sandbox_core::snapshot::SnapshotFormat;
 use sandbox_core::{
     BoxHandle, CallContext, CreateRequest, Error, ExecRequest, IsolationScope, Persistence,
-    RelPath, SandboxClient, SandboxConfig, SandboxManager, SnapshotSpec,
-    StartBranch, WorkspaceSpec,
+    RelPath, SandboxClient, SandboxConfig, SandboxManager, SnapshotSpec, StartBranch,
+    WorkspaceSpec,
 };
-use sandbox_core::snapshot::SnapshotFormat;
 use sandbox_e2b::{E2bClient, E2bPersistence, E2bState};
 
 async fn booted(client: &E2bClient) -> Box<dyn BoxHandle> {
@@ -38,23 +38,33 @@ fn sandbox_id(handle: &dyn BoxHandle) -> String {
 
 async fn sh(handle: &dyn BoxHandle, line: &str) -> String {
     let r = handle.exec(ExecRequest::shell(line)).await.expect("exec");
-    assert!(r.success(), "`{line}`: {:?} {}", r.exit_code, r.stderr_str());
+    assert!(
+        r.success(),
+        "`{line}`: {:?} {}",
+        r.exit_code,
+        r.stderr_str()
+    );
     r.stdout_str().into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(docker_tests), ignore = "needs Docker and the k8s pod image; run by cargo xtask test")]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
 async fn exec_streams_env_cwd_stdin_and_exit_codes() {
     let server = common::server().await;
     let owner = common::owner();
-    let client = E2bClient::new(common::options(&server, &owner).env("FROM_OPTIONS", "o"))
-        .expect("client");
+    let client =
+        E2bClient::new(common::options(&server, &owner).env("FROM_OPTIONS", "o")).expect("client");
     let b = booted(&client).await;
     b.write_file(&RelPath::new("sub/f.txt").unwrap(), "hello".into(), 0o640)
         .await
         .unwrap();
     assert_eq!(
-        b.read_file(&RelPath::new("sub/f.txt").unwrap()).await.unwrap(),
+        b.read_file(&RelPath::new("sub/f.txt").unwrap())
+            .await
+            .unwrap(),
         "hello"
     );
     assert_eq!(sh(&*b, "stat -c %a sub/f.txt").await.trim(), "640");
@@ -75,7 +85,9 @@ async fn exec_streams_env_cwd_stdin_and_exit_codes() {
     assert_eq!(r.stderr_str(), "err\n");
     // Binary output passes unchanged.
     let r = b
-        .exec(ExecRequest::shell("head -c 300000 /dev/urandom | od -An -v | wc -l"))
+        .exec(ExecRequest::shell(
+            "head -c 300000 /dev/urandom | od -An -v | wc -l",
+        ))
         .await
         .unwrap();
     assert!(r.stdout_str().trim().parse::<u64>().unwrap() > 10_000);
@@ -104,7 +116,10 @@ async fn exec_streams_env_cwd_stdin_and_exit_codes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(docker_tests), ignore = "needs Docker and the k8s pod image; run by cargo xtask test")]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
 async fn rate_limited_create_waits_for_retry_after() {
     let server = common::server().await;
     let owner = common::owner();
@@ -124,7 +139,10 @@ async fn rate_limited_create_waits_for_retry_after() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(docker_tests), ignore = "needs Docker and the k8s pod image; run by cargo xtask test")]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
 async fn failed_create_makes_no_duplicate() {
     let server = common::server().await;
     let owner = common::owner();
@@ -163,7 +181,10 @@ async fn failed_create_makes_no_duplicate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(docker_tests), ignore = "needs Docker and the k8s pod image; run by cargo xtask test")]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
 async fn cut_command_stream_is_a_typed_error() {
     let server = common::server().await;
     let client = E2bClient::new(common::options(&server, &common::owner())).expect("client");
@@ -183,7 +204,10 @@ async fn cut_command_stream_is_a_typed_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(docker_tests), ignore = "needs Docker and the k8s pod image; run by cargo xtask test")]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
 async fn rotated_envd_token_is_read_again() {
     let server = common::server().await;
     let client = E2bClient::new(common::options(&server, &common::owner())).expect("client");
@@ -205,7 +229,10 @@ async fn rotated_envd_token_is_read_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(docker_tests), ignore = "needs Docker and the k8s pod image; run by cargo xtask test")]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
 async fn long_command_keeps_its_sandbox_alive() {
     let server = common::server().await;
     let client = E2bClient::new(
@@ -243,7 +270,10 @@ fn manager(client: E2bClient, dir: &std::path::Path, format: SnapshotFormat) -> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(docker_tests), ignore = "needs Docker and the k8s pod image; run by cargo xtask test")]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
 async fn kept_sandbox_gone_between_calls_is_restored_from_the_snapshot() {
     let server = common::server().await;
     let owner = common::owner();
@@ -286,15 +316,17 @@ async fn kept_sandbox_gone_between_calls_is_restored_from_the_snapshot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(docker_tests), ignore = "needs Docker and the k8s pod image; run by cargo xtask test")]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
 async fn native_snapshot_round_trip_on_a_new_sandbox() {
     let server = common::server().await;
     let owner = common::owner();
     let dir = tempfile::tempdir().unwrap();
-    let client = E2bClient::new(
-        common::options(&server, &owner).snapshots(E2bPersistence::NativeSnapshot),
-    )
-    .expect("client");
+    let client =
+        E2bClient::new(common::options(&server, &owner).snapshots(E2bPersistence::NativeSnapshot))
+            .expect("client");
     assert!(client.capabilities().native_snapshots);
 
     // Through the handles: snapshot, then a new box runs from it.
@@ -362,7 +394,10 @@ async fn native_snapshot_round_trip_on_a_new_sandbox() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(docker_tests), ignore = "needs Docker and the k8s pod image; run by cargo xtask test")]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
 async fn owned_listing_and_removal_check_the_owner() {
     let server = common::server().await;
     let mine = E2bClient::new(common::options(&server, &common::owner())).expect("client");
@@ -385,7 +420,10 @@ async fn owned_listing_and_removal_check_the_owner() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(docker_tests), ignore = "needs Docker and the k8s pod image; run by cargo xtask test")]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
 async fn a_wrong_api_key_is_unauthorized() {
     let server = common::server().await;
     let client = E2bClient::new(
@@ -393,9 +431,15 @@ async fn a_wrong_api_key_is_unauthorized() {
     )
     .expect("client");
     let spec = WorkspaceSpec::default();
-    let h = client.create(CreateRequest::new(&spec, None)).await.unwrap();
+    let h = client
+        .create(CreateRequest::new(&spec, None))
+        .await
+        .unwrap();
     let e = h.boot().await.unwrap_err();
     assert!(matches!(e, Error::Unauthorized { .. }), "{e}");
     assert!(!e.to_string().contains("e2b_wrong"), "{e}");
-    assert!(matches!(client.list_owned().await, Err(Error::Unauthorized { .. })));
+    assert!(matches!(
+        client.list_owned().await,
+        Err(Error::Unauthorized { .. })
+    ));
 }

@@ -38,10 +38,7 @@ pub fn options(server: &E2bTestServer, owner: &str) -> E2bOptions {
         .owner(owner)
         .workspace_root(ROOT)
         .ready_timeout(Duration::from_secs(60))
-        .http(
-            HttpOptions::default()
-                .backoff(Duration::from_millis(50), Duration::from_millis(500)),
-        )
+        .http(HttpOptions::default().backoff(Duration::from_millis(50), Duration::from_millis(500)))
 }
 
 /// Kill a sandbox through the API, as an operator (or E2B's timeout) would.
