@@ -526,8 +526,27 @@ impl BoxHandle for E2bBox {
                 // A sandbox that never answered is of no use to anyone.
                 let _ = self.shared.api.delete(&id).await;
                 self.live().sandbox_id = None;
+                return Err(e);
             }
-            return Err(e);
+            // The API still lists it, but its envd never answers (its VM is gone): replace it.
+            tracing::warn!(sandbox = %id, error = %e, "the sandbox does not answer: making a new one (its workspace must be restored)");
+            if let Err(d) = self.shared.api.delete(&id).await {
+                tracing::warn!(sandbox = %id, error = %d, "removing the silent sandbox");
+            }
+            let template = o.template.clone();
+            let s = self.make(&template).await?;
+            let new_id = s.id.clone();
+            {
+                let mut live = self.live();
+                live.sandbox_id = None;
+                live.lost = true;
+                live.fresh = true;
+                live.template = template;
+            }
+            if let Err(e) = self.attach(s).await {
+                let _ = self.shared.api.delete(&new_id).await;
+                return Err(e);
+            }
         }
         tracing::info!(sandbox = %id, "sandbox ready");
         if self.live().fresh {
@@ -683,7 +702,13 @@ impl BoxHandle for E2bBox {
 
     async fn write_file(&self, path: &RelPath, data: Bytes, mode: u32) -> Result<()> {
         let mode = format!("{:04o}", mode & 0o7777);
-        let upload = Self::upload_path("write");
+        // Uploaded beside the workspace's files (one filesystem: the move is a rename), under
+        // a staging name that listings and exports skip.
+        let upload = format!(
+            "{}/{STAGE_PREFIX}w{}",
+            self.config.root.trim_end_matches('/'),
+            uuid::Uuid::new_v4().simple()
+        );
         self.conn()?.upload_bytes(&upload, data).await?;
         self.checked_script(
             "write",

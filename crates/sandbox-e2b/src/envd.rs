@@ -24,7 +24,7 @@ use sandbox_core::{CappedBuffer, CapturedOutput, Error, ExecResult, OutputLimits
 use crate::BACKEND;
 use e2b_envd_proto::ENVD_PORT;
 use e2b_envd_proto::envelope::{self, Decoder};
-use e2b_envd_proto::process::process_event::{Event, Output};
+use e2b_envd_proto::process::process_event::{EndEvent, Event, Output};
 use e2b_envd_proto::process::{
     CloseStdinRequest, ProcessConfig, ProcessInput, ProcessSelector, SendInputRequest,
     SendSignalRequest, Signal, StartRequest, StartResponse, process_input,
@@ -529,6 +529,37 @@ fn connect_error(who: &str, e: ConnectError) -> Error {
     }
 }
 
+/// A command's exit code as a shell reports it: envd says `-1` and `signal: <name>` (Go's
+/// `ProcessState`) for a process a signal ended, which is `128 + n` here, as in the other
+/// backends.
+fn exit_code(end: &EndEvent) -> i32 {
+    if end.exited || end.exit_code != -1 {
+        return end.exit_code;
+    }
+    let Some(name) = end.status.strip_prefix("signal: ") else {
+        return end.exit_code;
+    };
+    let n = match name.trim() {
+        "hangup" => 1,
+        "interrupt" => 2,
+        "quit" => 3,
+        "illegal instruction" => 4,
+        "trace/breakpoint trap" => 5,
+        "aborted" => 6,
+        "bus error" => 7,
+        "floating point exception" => 8,
+        "killed" => 9,
+        "user defined signal 1" => 10,
+        "segmentation fault" => 11,
+        "user defined signal 2" => 12,
+        "broken pipe" => 13,
+        "alarm clock" => 14,
+        "terminated" => 15,
+        _ => return end.exit_code,
+    };
+    128 + n
+}
+
 /// One command.
 pub(crate) struct Command {
     pub argv: Vec<String>,
@@ -739,7 +770,7 @@ pub(crate) async fn run(
                     Some(Output::Pty(_)) | None => {}
                 },
                 Ok(Some(Event::End(e))) => {
-                    exit = Some(e.exit_code);
+                    exit = Some(exit_code(&e));
                     if timed_out {
                         break;
                     }
@@ -838,7 +869,7 @@ pub(crate) async fn run_streaming(
                     },
                     Some(Event::End(e)) => {
                         reaper.armed = false;
-                        exit = Some(e.exit_code);
+                        exit = Some(exit_code(&e));
                     }
                     Some(_) => {}
                     None => break,
@@ -901,7 +932,7 @@ mod tests {
 
     #[tokio::test]
     async fn envelopes_split_across_chunks_decode() {
-        use e2b_envd_proto::process::process_event::{DataEvent, EndEvent, StartEvent};
+        use e2b_envd_proto::process::process_event::{DataEvent, StartEvent};
         let mut all = envelope(0, &event(Event::Start(StartEvent { pid: 7 })));
         all.extend(envelope(
             0,
@@ -927,6 +958,20 @@ mod tests {
         );
         assert!(matches!(ev.next().await.unwrap(), Some(Event::End(e)) if e.exit_code == 3));
         assert!(ev.next().await.unwrap().is_none());
+    }
+
+    #[test]
+    fn signal_deaths_become_shell_exit_codes() {
+        let end = |code, exited, status: &str| EndEvent {
+            exit_code: code,
+            exited,
+            status: status.into(),
+            error: None,
+        };
+        assert_eq!(exit_code(&end(3, true, "exit status 3")), 3);
+        assert_eq!(exit_code(&end(-1, false, "signal: killed")), 137);
+        assert_eq!(exit_code(&end(-1, false, "signal: terminated")), 143);
+        assert_eq!(exit_code(&end(-1, false, "signal: something new")), -1);
     }
 
     #[tokio::test]

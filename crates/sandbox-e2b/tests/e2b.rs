@@ -189,6 +189,10 @@ async fn cut_command_stream_is_a_typed_error() {
     let server = common::server().await;
     let client = E2bClient::new(common::options(&server, &common::owner())).expect("client");
     let b = booted(&client).await;
+    // The boot's helper commands and their background reaps are over before the fault is
+    // armed (it applies to the next command stream, whoever opens it).
+    sh(&*b, "true").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     server.faults().cut_next_start_stream(1);
     let e = b
         .exec(ExecRequest::shell("echo one; sleep 1; echo two"))
