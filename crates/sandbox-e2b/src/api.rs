@@ -20,6 +20,11 @@ pub const CREATION_TAG: &str = "io.sandbox-harness.creation";
 /// How many times a create is sent when its answer is lost and no sandbox carries its tag.
 const CREATE_ATTEMPTS: u32 = 3;
 
+/// How many times the sandboxes are listed by creation tag after a lost answer, and the pause
+/// between listings (the lost request may still be at work).
+const CREATE_LOOKUPS: u32 = 3;
+const LOOKUP_PAUSE: Duration = Duration::from_secs(1);
+
 /// A sandbox as the API describes it. `Debug` hides the envd token.
 #[derive(Clone)]
 pub(crate) struct Sandbox {
@@ -199,25 +204,30 @@ impl Api {
             }
             tracing::warn!(error = %err, attempt, "create's answer was lost: looking for a sandbox with its creation tag");
             let filter = BTreeMap::from([(CREATION_TAG.to_owned(), tag.clone())]);
-            match self.list(&filter).await {
-                Ok(found) => {
-                    if let Some(s) = found.into_iter().next() {
-                        tracing::info!(sandbox = %s.id, "adopting the sandbox the lost create made");
-                        // The listing has no token: the detail has.
-                        return match self.get(&s.id).await? {
-                            Some(d) => Ok(d),
-                            None => Err(Error::Unavailable {
-                                service: format!("e2b api at {}", self.base),
-                                reason: format!("sandbox {} vanished right after create", s.id),
-                                source: None,
-                            }),
-                        };
-                    }
+            // The lost request may still be making the sandbox: look a few times.
+            for lookup in 0..CREATE_LOOKUPS {
+                if lookup > 0 {
+                    tokio::time::sleep(LOOKUP_PAUSE).await;
                 }
-                Err(e) => {
-                    // Not knowing whether it exists, making another could leak one: stop.
-                    tracing::warn!(error = %e, "listing by creation tag failed");
-                    return Err(err);
+                let found = match self.list(&filter).await {
+                    Ok(found) => found,
+                    Err(e) => {
+                        // Not knowing whether it exists, making another could leak one: stop.
+                        tracing::warn!(error = %e, "listing by creation tag failed");
+                        return Err(err);
+                    }
+                };
+                if let Some(s) = found.into_iter().next() {
+                    tracing::info!(sandbox = %s.id, "adopting the sandbox the lost create made");
+                    // The listing has no token: the detail has.
+                    return match self.get(&s.id).await? {
+                        Some(d) => Ok(d),
+                        None => Err(Error::Unavailable {
+                            service: format!("e2b api at {}", self.base),
+                            reason: format!("sandbox {} vanished right after create", s.id),
+                            source: None,
+                        }),
+                    };
                 }
             }
             if attempt >= CREATE_ATTEMPTS {

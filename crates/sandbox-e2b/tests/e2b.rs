@@ -157,16 +157,16 @@ async fn failed_create_makes_no_duplicate() {
     // creation tag finds it, or a new create makes the only one.
     let slow = common::options(&server, &owner).http(
         sandbox_e2b::HttpOptions::default()
-            .request_timeout(Duration::from_millis(700))
+            .request_timeout(Duration::from_millis(2500))
             .backoff(Duration::from_millis(50), Duration::from_millis(200)),
     );
     let client = E2bClient::new(slow).expect("client");
     server
         .faults()
-        .delay("POST", "/sandboxes", Duration::from_millis(1500));
+        .delay("POST", "/sandboxes", Duration::from_millis(3000));
     let faults = server.faults().clone();
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        tokio::time::sleep(Duration::from_millis(2700)).await;
         faults.clear();
     });
     let b = booted(&client).await;
