@@ -447,3 +447,91 @@ async fn a_wrong_api_key_is_unauthorized() {
         Err(Error::Unauthorized { .. })
     ));
 }
+
+/// A proxy in front of the API that forwards everything, but closes the connection of the
+/// first `POST /sandboxes` without its answer once the server has answered it: a create
+/// that happened but whose answer was lost.
+async fn lossy_proxy(upstream: std::net::SocketAddr) -> std::net::SocketAddr {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dropped = Arc::new(AtomicBool::new(false));
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let dropped = dropped.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                let head_end = loop {
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                    match client.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().ok())?
+                    })
+                    .unwrap_or(0);
+                while buf.len() < head_end + len {
+                    match client.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let mut lines: Vec<&str> = head
+                    .trim_end()
+                    .split("\r\n")
+                    .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+                    .collect();
+                lines.push("Connection: close");
+                let mut request = format!("{}\r\n\r\n", lines.join("\r\n")).into_bytes();
+                request.extend_from_slice(&buf[head_end..head_end + len]);
+                let mut up = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                up.write_all(&request).await.unwrap();
+                let mut answer = Vec::new();
+                let _ = up.read_to_end(&mut answer).await;
+                if head.starts_with("POST /sandboxes ") && !dropped.swap(true, Ordering::SeqCst) {
+                    return; // the answer is lost
+                }
+                let _ = client.write_all(&answer).await;
+                let _ = client.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
+async fn lost_create_answer_adopts_the_sandbox_it_made() {
+    let server = common::server().await;
+    let owner = common::owner();
+    let upstream = server
+        .api_url()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = lossy_proxy(upstream).await;
+    let client =
+        E2bClient::new(common::options(&server, &owner).api_url(format!("http://{proxy}")))
+            .expect("client");
+    let b = booted(&client).await;
+    // The server made one sandbox for the lost create; it is the one in use, not a second.
+    let owned = common::owned_sandboxes(&server, &owner).await;
+    assert_eq!(owned.len(), 1, "{owned:?}");
+    assert_eq!(owned[0]["sandboxID"], sandbox_id(&*b));
+    assert_eq!(sh(&*b, "echo adopted").await, "adopted\n");
+    b.destroy().await.unwrap();
+}
