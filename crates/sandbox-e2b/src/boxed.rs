@@ -548,7 +548,7 @@ impl BoxHandle for E2bBox {
                 return Err(e);
             }
         }
-        tracing::info!(sandbox = %id, "sandbox ready");
+        tracing::info!(sandbox = ?self.live().sandbox_id, "sandbox ready");
         if self.live().fresh {
             self.script("boot", "mkdir -p -- \"$1\"", vec![self.config.root.clone()])
                 .await?;

@@ -328,8 +328,40 @@ impl Conn {
         Ok(envd)
     }
 
+    /// Whether envd answers: `GET /health`, then a command (`true`) run to its end (a health
+    /// answer alone may come from a proxy in front of a VM that is gone).
     pub(crate) async fn healthy(&self) -> bool {
-        self.envd().healthy().await
+        if !self.envd().healthy().await {
+            return false;
+        }
+        let request = StartRequest {
+            process: Some(ProcessConfig {
+                cmd: "true".into(),
+                args: Vec::new(),
+                envs: HashMap::new(),
+                cwd: None,
+            }),
+            pty: None,
+            tag: None,
+            stdin: Some(false),
+        };
+        let run = async {
+            let mut events = self.start_stream(&request).await?;
+            let mut ended = false;
+            while let Some(e) = events.next().await? {
+                ended |= matches!(e, Event::End(_));
+            }
+            Ok::<_, Error>(ended)
+        };
+        match tokio::time::timeout(UNARY_TIMEOUT, run).await {
+            Ok(Ok(true)) => true,
+            Ok(Ok(false)) => false,
+            Ok(Err(e)) => {
+                tracing::debug!(sandbox = %self.sandbox_id, error = %e, "envd cannot run commands");
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     async fn start_stream(&self, request: &StartRequest) -> Result<Events> {

@@ -535,3 +535,42 @@ async fn lost_create_answer_adopts_the_sandbox_it_made() {
     assert_eq!(sh(&*b, "echo adopted").await, "adopted\n");
     b.destroy().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the k8s pod image; run by cargo xtask test"
+)]
+async fn silent_sandbox_is_replaced_and_reported_lost() {
+    let server = common::server().await;
+    let owner = common::owner();
+    let client = E2bClient::new(
+        common::options(&server, &owner)
+            .persistence(Persistence::Keep)
+            .ready_timeout(Duration::from_secs(5)),
+    )
+    .expect("client");
+    let a = booted(&client).await;
+    sh(&*a, "echo x > here").await;
+    assert!(a.workspace_exists().await.unwrap());
+    let old = sandbox_id(&*a);
+    let state = a.state();
+    // Its container goes away behind the API's back: the API still knows the sandbox, envd
+    // cannot run anything in it.
+    server.disappear(&old).await.expect("disappear");
+    let b = client
+        .resume(&*state, &WorkspaceSpec::default())
+        .await
+        .unwrap();
+    b.boot().await.expect("boot replaces the silent sandbox");
+    let new = sandbox_id(&*b);
+    assert_ne!(old, new);
+    assert!(
+        !b.workspace_exists().await.unwrap(),
+        "the workspace is reported lost"
+    );
+    assert_eq!(sh(&*b, "echo fine").await, "fine\n");
+    let owned = common::owned_sandboxes(&server, &owner).await;
+    assert_eq!(owned.len(), 1, "the silent one was removed: {owned:?}");
+    b.destroy().await.unwrap();
+}
