@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use sandbox_core::archive::Excludes;
-use sandbox_core::posix::{self, LIST_SCRIPT, REMOVE_SCRIPT, SWAP_SCRIPT};
+use sandbox_core::posix::{self, SWAP_SCRIPT};
+use sandbox_core::scripted::{
+    self, ExitErrors, MERGE_LIMIT, READ_LIMIT, STAGE_PREFIX, ScriptRunner, no_errors,
+};
 use sandbox_core::stream::{self, ByteStream};
 use sandbox_core::{
     BoxHandle, CommonState, Error, ExecRequest, ExecResult, ExportRequest, ImportMode,
@@ -20,14 +22,9 @@ use crate::api::{CreateSpec, Sandbox};
 use crate::client::Shared;
 use crate::envd::{self, Command, Conn, KeepAlive};
 use crate::state::E2bState;
-use crate::transfer::{self, STAGE_PREFIX};
 
 /// Timeout of the backend's own helper commands.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// Largest file `read_file` returns, and largest archive a merge import holds in memory.
-const READ_LIMIT: usize = 1 << 30;
-const MERGE_LIMIT: usize = 256 << 20;
 
 /// Everything that describes a box apart from its live sandbox.
 #[derive(Clone)]
@@ -82,19 +79,6 @@ impl fmt::Debug for E2bBox {
     }
 }
 
-/// Export: `$1` root, `$2` `all` or `some`, then the paths (missing ones are skipped).
-const EXPORT_SCRIPT: &str = r#"
-cd "$1" 2>/dev/null || exit 3
-mode=$2; shift 2
-[ "$mode" = all ] && exec tar -cf - .
-for p do
-  shift
-  if [ -e "$p" ] || [ -L "$p" ]; then set -- "$@" "$p"; fi
-done
-[ $# -eq 0 ] && exit 0
-exec tar -cf - -- "$@"
-"#;
-
 /// Merge import: `$1` root, `$2` the uploaded archive, then the directories entries go
 /// through that the archive does not create: each must be a real directory or missing.
 const MERGE_SCRIPT: &str = r#"
@@ -122,13 +106,6 @@ mkdir -p -- "$d" || { rm -f -- "$u"; exit 1; }
 [ -L "$d" ] && { rm -f -- "$u"; echo "symlink parent" >&2; exit 5; }
 chmod "$4" "$u" && mv -f -- "$u" "$R/$p" || { rm -f -- "$u"; exit 1; }
 "#;
-
-fn export_errors(code: i32, stderr: &str) -> Option<Error> {
-    (code == 3).then(|| Error::NotFound {
-        what: "workspace root",
-        key: stderr.trim().to_owned(),
-    })
-}
 
 fn merge_errors(code: i32, stderr: &str) -> Option<Error> {
     let what = stderr.trim();
@@ -228,63 +205,6 @@ impl E2bBox {
         envd::run(&conn, Command { argv, env }, stdin, limits, timeout).await
     }
 
-    /// Run one of the backend's own scripts with `sh -c`, capturing its output.
-    async fn script(
-        &self,
-        what: &'static str,
-        script: &str,
-        args: Vec<String>,
-    ) -> Result<ExecResult> {
-        let mut argv = vec!["sh".into(), "-c".into(), script.into(), "sandbox".into()];
-        argv.extend(args);
-        let r = self
-            .run(
-                argv,
-                HashMap::new(),
-                None,
-                OutputLimits::both(256 << 20),
-                HELPER_TIMEOUT,
-            )
-            .await?;
-        if r.success() {
-            Ok(r)
-        } else {
-            Err(Error::backend(
-                BACKEND,
-                what,
-                format!(
-                    "helper exited with {:?}: {}",
-                    r.exit_code,
-                    r.stderr_str().trim()
-                ),
-            ))
-        }
-    }
-
-    /// Run a script whose stdout is the returned stream.
-    async fn stream_script(
-        &self,
-        script: &str,
-        args: Vec<String>,
-        errors: fn(i32, &str) -> Option<Error>,
-    ) -> Result<ByteStream> {
-        let mut argv = vec!["sh".into(), "-c".into(), script.into(), "sandbox".into()];
-        argv.extend(args);
-        let conn = self.conn()?;
-        let keepalive = self.keepalive(&conn);
-        envd::run_streaming(
-            &conn,
-            Command {
-                argv,
-                env: HashMap::new(),
-            },
-            None,
-            errors,
-            keepalive,
-        )
-        .await
-    }
-
     /// Run a script to its end; fails with `errors`' typed error or a backend error unless it
     /// exited 0.
     async fn checked_script(
@@ -292,9 +212,9 @@ impl E2bBox {
         what: &'static str,
         script: &str,
         args: Vec<String>,
-        errors: fn(i32, &str) -> Option<Error>,
+        errors: ExitErrors,
     ) -> Result<()> {
-        let mut out = self.stream_script(script, args, errors).await?;
+        let mut out = self.stream_script(what, script, args, None, errors).await?;
         while let Some(chunk) = out.next().await {
             chunk.map_err(|e| match e {
                 Error::Backend { message, .. } => Error::backend(BACKEND, what, message),
@@ -384,21 +304,9 @@ impl E2bBox {
         Ok(())
     }
 
-    /// Whether the workspace root is a directory in the sandbox right now.
-    async fn root_exists(&self) -> Result<bool> {
-        let r = self
-            .script(
-                "workspace check",
-                "if [ -d \"$1\" ] && [ ! -L \"$1\" ]; then echo yes; else echo no; fi",
-                vec![self.config.root.clone()],
-            )
-            .await?;
-        Ok(r.stdout_str().trim() == "yes")
-    }
-
     async fn merge(&self, archive: ByteStream) -> Result<()> {
         let data = stream::collect(archive, MERGE_LIMIT).await?;
-        let ancestors = transfer::merge_ancestors(&data)?;
+        let ancestors = scripted::merge_ancestors(&data)?;
         let upload = Self::upload_path("merge");
         self.conn()?.upload_bytes(&upload, data).await?;
         let mut args = vec![self.config.root.clone(), upload];
@@ -426,7 +334,7 @@ impl E2bBox {
                 "import",
                 STAGE_SCRIPT,
                 vec![root.clone(), stage.clone(), upload.clone()],
-                |_, _| None,
+                no_errors,
             )
             .await
         }
@@ -434,7 +342,13 @@ impl E2bBox {
         if let Err(e) = staged {
             let dir = format!("{}/{stage}", root.trim_end_matches('/'));
             if let Err(c) = self
-                .script("import", "rm -rf -- \"$1\" \"$2\"", vec![dir, upload])
+                .script(
+                    "import",
+                    "rm -rf -- \"$1\" \"$2\"",
+                    vec![dir, upload],
+                    4096,
+                    no_errors,
+                )
                 .await
             {
                 tracing::warn!(error = %c, "removing a staging directory");
@@ -446,9 +360,15 @@ impl E2bBox {
             k.push_str(p.as_str());
             k.push('\n');
         }
-        self.script("import", SWAP_SCRIPT, vec![root, stage, k])
-            .await
-            .map(|_| ())
+        self.script(
+            "import",
+            SWAP_SCRIPT,
+            vec![root, stage, k],
+            1 << 20,
+            no_errors,
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn kill_current(&self) -> Result<()> {
@@ -461,6 +381,76 @@ impl E2bBox {
             self.shared.api.delete(&id).await?;
         }
         Ok(())
+    }
+}
+
+/// The box runs core's workspace scripts through envd.
+#[async_trait]
+impl ScriptRunner for E2bBox {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn root(&self) -> &str {
+        &self.config.root
+    }
+
+    async fn script(
+        &self,
+        operation: &'static str,
+        script: &str,
+        args: Vec<String>,
+        limit: usize,
+        errors: ExitErrors,
+    ) -> Result<ExecResult> {
+        let mut argv = vec!["sh".into(), "-c".into(), script.into(), "sandbox".into()];
+        argv.extend(args);
+        let r = self
+            .run(
+                argv,
+                HashMap::new(),
+                None,
+                OutputLimits::both(limit),
+                HELPER_TIMEOUT,
+            )
+            .await?;
+        if r.success() {
+            return Ok(r);
+        }
+        let stderr = r.stderr_str();
+        if let Some(e) = r.exit_code.and_then(|c| errors(c, stderr.trim())) {
+            return Err(e);
+        }
+        Err(Error::backend(
+            BACKEND,
+            operation,
+            format!("helper exited with {:?}: {}", r.exit_code, stderr.trim()),
+        ))
+    }
+
+    async fn stream_script(
+        &self,
+        _operation: &'static str,
+        script: &str,
+        args: Vec<String>,
+        input: Option<ByteStream>,
+        errors: ExitErrors,
+    ) -> Result<ByteStream> {
+        let mut argv = vec!["sh".into(), "-c".into(), script.into(), "sandbox".into()];
+        argv.extend(args);
+        let conn = self.conn()?;
+        let keepalive = self.keepalive(&conn);
+        envd::run_streaming(
+            &conn,
+            Command {
+                argv,
+                env: HashMap::new(),
+            },
+            input,
+            errors,
+            keepalive,
+        )
+        .await
     }
 }
 
@@ -550,8 +540,14 @@ impl BoxHandle for E2bBox {
         }
         tracing::info!(sandbox = ?self.live().sandbox_id, "sandbox ready");
         if self.live().fresh {
-            self.script("boot", "mkdir -p -- \"$1\"", vec![self.config.root.clone()])
-                .await?;
+            self.script(
+                "boot",
+                "mkdir -p -- \"$1\"",
+                vec![self.config.root.clone()],
+                4096,
+                no_errors,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -587,7 +583,7 @@ impl BoxHandle for E2bBox {
         if self.live().lost {
             return Ok(false);
         }
-        self.root_exists().await
+        scripted::root_exists(self).await
     }
 
     #[tracing::instrument(skip_all, fields(backend = BACKEND, program = request.command.program()))]
@@ -611,52 +607,11 @@ impl BoxHandle for E2bBox {
     }
 
     async fn list(&self) -> Result<Vec<TreeEntry>> {
-        let token = format!("\u{1}{}\u{1}", uuid::Uuid::new_v4().simple());
-        let r = self
-            .script(
-                "list",
-                LIST_SCRIPT,
-                vec![self.config.root.clone(), token.clone()],
-            )
-            .await?;
-        if r.stdout_truncated {
-            return Err(Error::backend(
-                BACKEND,
-                "list",
-                "listing larger than 256 MiB",
-            ));
-        }
-        let mut entries = posix::parse_listing(BACKEND, &r.stdout, &token)?;
-        entries.retain(|e| !transfer::in_stage(&e.path));
-        entries.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(entries)
+        scripted::list(self).await
     }
 
     async fn export(&self, request: &ExportRequest) -> Result<ByteStream> {
-        let excludes = Excludes::new(request.exclude.clone(), &request.exclude_globs)?;
-        let mut args = vec![self.config.root.clone()];
-        match &request.paths {
-            None => args.push("all".into()),
-            Some(paths) => {
-                args.push("some".into());
-                args.extend(
-                    paths
-                        .iter()
-                        .filter(|p| !excludes.covers(p))
-                        .map(|p| p.as_str().to_owned()),
-                );
-            }
-        }
-        if request.paths.is_none() && !self.root_exists().await? {
-            return Err(Error::NotFound {
-                what: "workspace root",
-                key: self.config.root.clone(),
-            });
-        }
-        let raw = self
-            .stream_script(EXPORT_SCRIPT, args, export_errors)
-            .await?;
-        Ok(transfer::filter_export(raw, excludes))
+        scripted::export(self, request).await
     }
 
     async fn import(&self, archive: ByteStream, mode: ImportMode) -> Result<()> {
@@ -678,6 +633,8 @@ impl BoxHandle for E2bBox {
                 "read",
                 "[ -d \"$1\" ] && { echo dir; exit 0; }; [ -e \"$1\" ] || { echo missing; exit 0; }; echo file",
                 vec![boxed.clone()],
+                4096,
+                no_errors,
             )
             .await?;
         match r.stdout_str().trim() {
@@ -725,12 +682,7 @@ impl BoxHandle for E2bBox {
     }
 
     async fn remove(&self, paths: &[RelPath]) -> Result<()> {
-        if paths.is_empty() {
-            return Ok(());
-        }
-        let mut args = vec![self.config.root.clone()];
-        args.extend(paths.iter().map(|p| p.as_str().to_owned()));
-        self.script("remove", REMOVE_SCRIPT, args).await.map(|_| ())
+        scripted::remove(self, paths).await
     }
 
     #[tracing::instrument(skip(self), fields(backend = BACKEND))]

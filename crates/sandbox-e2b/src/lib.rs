@@ -6,7 +6,6 @@ mod client;
 mod envd;
 mod options;
 mod state;
-mod transfer;
 
 pub use api::CREATION_TAG;
 pub use boxed::E2bBox;
