@@ -63,7 +63,9 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             "Invalid API key, please visit https://e2b.dev/docs/quickstart/api-key to get your API key.",
         );
     }
-    if let Some(resp) = crate::faults::apply(&shared.faults, method.as_str(), &pq).await {
+    if !pq.starts_with("/e2b-testserver/")
+        && let Some(resp) = crate::faults::apply(&shared.faults, method.as_str(), &pq).await
+    {
         return resp;
     }
     let path = req.uri().path().to_owned();
@@ -111,7 +113,9 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             let Some(sb) = shared.get(id) else {
                 return not_found(id);
             };
-            lock(&sb.inner).end_at = Utc::now() + Duration::from_secs(t.min(MAX_TIMEOUT_SECS));
+            let mut inner = lock(&sb.inner);
+            inner.timeout = Duration::from_secs(t.min(MAX_TIMEOUT_SECS));
+            inner.end_at = Utc::now() + inner.timeout;
             no_content()
         }
         (&Method::POST, ["sandboxes", id, "refreshes"]) => {
@@ -139,8 +143,58 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         (&Method::POST, ["sandboxes", id, "snapshots"]) => snapshot(&shared, id, body!()).await,
         (&Method::GET, ["snapshots"]) => list_snapshots(&shared, &query),
         (&Method::DELETE, ["templates", id]) => delete_snapshot(&shared, id).await,
+        (&Method::POST, ["e2b-testserver", "v1", "faults"]) => {
+            faults_endpoint(&shared, body!()).await
+        }
         _ => error(404, &format!("no route for {method} {path}")),
     }
+}
+
+/// The test-only fault endpoint (same auth as the API), for clients outside the process.
+async fn faults_endpoint(shared: &Arc<Shared>, b: Value) -> Response {
+    let s = |k: &str| b[k].as_str().unwrap_or("").to_owned();
+    let n = |k: &str, d: u64| b[k].as_u64().unwrap_or(d);
+    let f = &shared.faults;
+    match b["action"].as_str().unwrap_or("") {
+        "fail_next" => {
+            let status = n("status", 503);
+            if !(400..=599).contains(&status) {
+                return error(400, "status must be 400..599");
+            }
+            f.fail_next(
+                &s("method"),
+                &s("path"),
+                status as u16,
+                n("count", 1) as usize,
+            );
+        }
+        "rate_limit_next" => f.rate_limit_next(
+            &s("method"),
+            &s("path"),
+            Duration::from_millis(n("retry_after_ms", 1000)),
+            n("count", 1) as usize,
+        ),
+        "delay" => f.delay(
+            &s("method"),
+            &s("path"),
+            Duration::from_millis(n("millis", 0)),
+        ),
+        "cut_next_start_stream" => f.cut_next_start_stream(n("after_outputs", 1) as usize),
+        "clear" => f.clear(),
+        "disappear" => {
+            if let Err(e) = shared.disappear(&s("sandboxID")).await {
+                return error(404, &e.to_string());
+            }
+        }
+        "rotate_envd_token" => {
+            return match shared.rotate_envd_token(&s("sandboxID")) {
+                Ok(t) => ok_json(StatusCode::OK, json!({"envdAccessToken": t})),
+                Err(e) => error(404, &e.to_string()),
+            };
+        }
+        other => return error(400, &format!("unknown fault action `{other}`")),
+    }
+    no_content()
 }
 
 fn not_found(id: &str) -> Response {
@@ -285,14 +339,12 @@ async fn connect(shared: &Arc<Shared>, id: &str, b: Value, resume_only: bool) ->
             &format!("sandbox \"{id}\" doesn't exist or you don't have access to it"),
         );
     };
+    // No timeout: a running sandbox keeps its end time, a resumed one gets its last
+    // timeout again.
     let timeout = match &b["timeout"] {
-        Value::Null if resume_only => DEFAULT_TIMEOUT_SECS,
-        Value::Null => {
-            // The SDK may leave it out; keep the current end time.
-            0
-        }
+        Value::Null => None,
         v => match v.as_u64() {
-            Some(t) => t.min(MAX_TIMEOUT_SECS),
+            Some(t) => Some(Duration::from_secs(t.min(MAX_TIMEOUT_SECS))),
             None => return error(400, "timeout must be an integer >= 0"),
         },
     };
@@ -311,9 +363,14 @@ async fn connect(shared: &Arc<Shared>, id: &str, b: Value, resume_only: bool) ->
     };
     {
         let mut inner = lock(&sb.inner);
-        let new_end = Utc::now() + Duration::from_secs(timeout);
-        if resumed || new_end > inner.end_at {
-            inner.end_at = new_end.max(Utc::now() + Duration::from_secs(1));
+        let now = Utc::now();
+        match timeout {
+            // Running: the timeout only ever extends.
+            Some(t) if !resumed && now + t > inner.end_at => inner.end_at = now + t,
+            Some(_) if !resumed => {}
+            Some(t) => inner.end_at = now + t,
+            None if resumed => inner.end_at = now + inner.timeout,
+            None => {}
         }
     }
     let status = if resumed {

@@ -491,6 +491,7 @@ async fn rpc(
         };
         return match result {
             Ok(r) => r,
+            Err(e) if container_gone(sb, &e).await => not_found_502(&sb.id),
             Err(e) => connect::stream_error(kind, &e),
         };
     }
@@ -499,7 +500,18 @@ async fn rpc(
     } else {
         fs_unary(sb, kind, method, &body, user.as_deref()).await
     };
-    r.unwrap_or_else(|e| e.unary())
+    match r {
+        Ok(r) => r,
+        Err(e) if container_gone(sb, &e).await => not_found_502(&sb.id),
+        Err(e) => e.unary(),
+    }
+}
+
+/// sandboxd could not be reached because the container is gone (removed behind the API's
+/// back): the proxy's 502 "… was not found" is the answer then.
+async fn container_gone(sb: &Sandbox, e: &ConnectError) -> bool {
+    matches!(e.code, Code::Unavailable | Code::Unknown | Code::Internal)
+        && matches!(test_docker::inspect(&sb.container).await, Ok(None))
 }
 
 /// Feed a process's events to a stream body, with keep-alives, the call's deadline and the
@@ -574,6 +586,8 @@ fn event_stream(
                         if is_data {
                             outputs += 1;
                             if cut_after.is_some_and(|n| outputs >= n) {
+                                // Let the last output reach the client, then break off.
+                                tokio::time::sleep(Duration::from_millis(200)).await;
                                 let _ = tx.send(Err(std::io::Error::other("connection cut (injected fault)"))).await;
                                 return;
                             }

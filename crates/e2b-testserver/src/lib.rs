@@ -270,26 +270,13 @@ impl E2bTestServer {
     /// Remove a sandbox's container behind the API's back: the API keeps listing it, envd
     /// answers 502 "… was not found" for it.
     pub async fn disappear(&self, sandbox_id: &str) -> Result<(), Error> {
-        let sb = self
-            .shared
-            .get(sandbox_id)
-            .ok_or_else(|| Error::NotFound(sandbox_id.to_owned()))?;
-        Ok(test_docker::remove(&sb.container).await?)
+        self.shared.disappear(sandbox_id).await
     }
 
     /// Replace a sandbox's envd access token (the old one is then refused with 401); returns
     /// the new one.
     pub fn rotate_envd_token(&self, sandbox_id: &str) -> Result<String, Error> {
-        let sb = self
-            .shared
-            .get(sandbox_id)
-            .ok_or_else(|| Error::NotFound(sandbox_id.to_owned()))?;
-        let token = random_string(32);
-        sb.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .envd_token = Some(token.clone());
-        Ok(token)
+        self.shared.rotate_envd_token(sandbox_id)
     }
 
     /// Stop serving and remove the containers, images and network (also done on drop).

@@ -40,6 +40,8 @@ impl State {
 pub(crate) struct Inner {
     pub state: State,
     pub end_at: DateTime<Utc>,
+    /// The last timeout set (create or `/timeout`): what a resume without one gets.
+    pub timeout: Duration,
     pub envd_token: Option<String>,
     pub auto_pause: bool,
 }
@@ -234,6 +236,7 @@ impl Shared {
             inner: Mutex::new(Inner {
                 state: State::Running,
                 end_at: now + new.timeout,
+                timeout: new.timeout,
                 envd_token: new.secure.then(|| crate::random_string(32)),
                 auto_pause: new.auto_pause,
             }),
@@ -245,15 +248,34 @@ impl Shared {
         Ok(sb)
     }
 
-    /// Remove a sandbox and its container; false when there was none.
+    /// Remove the container behind the API's back.
+    pub(crate) async fn disappear(&self, id: &str) -> Result<(), crate::Error> {
+        let sb = self
+            .get(id)
+            .ok_or_else(|| crate::Error::NotFound(id.to_owned()))?;
+        Ok(test_docker::remove(&sb.container).await?)
+    }
+
+    /// A new envd access token for a sandbox.
+    pub(crate) fn rotate_envd_token(&self, id: &str) -> Result<String, crate::Error> {
+        let sb = self
+            .get(id)
+            .ok_or_else(|| crate::Error::NotFound(id.to_owned()))?;
+        let token = crate::random_string(32);
+        lock(&sb.inner).envd_token = Some(token.clone());
+        Ok(token)
+    }
+
+    /// Remove a sandbox and its container; false when there was none. The container goes
+    /// first, so a sandbox the API no longer knows has no container left.
     pub(crate) async fn kill(&self, id: &str) -> bool {
-        let Some(sb) = lock(&self.sandboxes).remove(id) else {
+        let Some(sb) = self.get(id) else {
             return false;
         };
         if let Err(e) = test_docker::remove(&sb.container).await {
             tracing::warn!(error = %e, sandbox = id, "removing a sandbox's container");
         }
-        true
+        lock(&self.sandboxes).remove(id).is_some()
     }
 }
 
