@@ -10,10 +10,12 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 #[tokio::test]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker: set SANDBOX_TEST_DOCKER=1 (cargo xtask test does)"
+)]
 async fn auth_failures() {
-    if !enabled() {
-        return;
-    }
+    enabled();
     let t = T::start().await;
     // Wrong and missing API key.
     let r = t.api_key("GET", "/v2/sandboxes", None, "e2b_wrong").await;
@@ -137,10 +139,12 @@ fn e2b_sig(path: &str, op: &str, user: &str, token: &str, exp: Option<i64>) -> S
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker: set SANDBOX_TEST_DOCKER=1 (cargo xtask test does)"
+)]
 async fn request_faults() {
-    if !enabled() {
-        return;
-    }
+    enabled();
     let t = T::start().await;
     t.s.faults().fail_next("POST", "/v2/sandboxes", 503, 1);
     let r = t
@@ -216,10 +220,12 @@ async fn request_faults() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker: set SANDBOX_TEST_DOCKER=1 (cargo xtask test does)"
+)]
 async fn sandboxes_disappear_and_expire() {
-    if !enabled() {
-        return;
-    }
+    enabled();
     let t = T::start().await;
     let (id, token) = t
         .create(json!({"templateID": "base", "timeout": 300}))

@@ -12,10 +12,12 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 #[tokio::test]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker: set SANDBOX_TEST_DOCKER=1 (cargo xtask test does)"
+)]
 async fn create_exec_files_pause_snapshot_delete() {
-    if !enabled() {
-        return;
-    }
+    enabled();
     let t = T::start().await;
     let (id, token) = t
         .create(
@@ -355,10 +357,12 @@ async fn create_exec_files_pause_snapshot_delete() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker: set SANDBOX_TEST_DOCKER=1 (cargo xtask test does)"
+)]
 async fn list_pagination_metadata_and_state() {
-    if !enabled() {
-        return;
-    }
+    enabled();
     let t = T::start().await;
     let mut ids = Vec::new();
     for (i, team) in ["red", "red", "blue"].iter().enumerate() {
@@ -432,10 +436,12 @@ async fn list_pagination_metadata_and_state() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker: set SANDBOX_TEST_DOCKER=1 (cargo xtask test does)"
+)]
 async fn signals_deadlines_list_and_connect() {
-    if !enabled() {
-        return;
-    }
+    enabled();
     let t = T::start().await;
     let (id, token) = t.create(json!({"templateID": "base"})).await;
     // The call's deadline kills the command and ends the stream deadline_exceeded.
