@@ -275,7 +275,7 @@ impl Api {
             .map(|_| ())
     }
 
-    /// Pause a sandbox (memory kept); already paused is fine.
+    /// Pause a sandbox (memory kept); already paused or gone is fine.
     pub(crate) async fn pause(&self, id: &str) -> Result<()> {
         let url = self.url(&format!("/sandboxes/{}/pause", seg(id)));
         match self
@@ -287,6 +287,11 @@ impl Api {
             .await
         {
             Ok(_) | Err(Error::Conflict { .. }) => Ok(()),
+            Err(Error::NotFound { .. }) => {
+                // Nothing left to keep: the next call makes a new sandbox and restores.
+                tracing::warn!(sandbox = %id, "pausing: the sandbox is already gone");
+                Ok(())
+            }
             Err(e) => Err(e),
         }
     }
