@@ -1,4 +1,5 @@
 //! The control-plane API (`{api_url}/sandbox...`).
+#![allow(clippy::result_large_err)] // handlers return finished `Response`s as their errors
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -244,7 +245,7 @@ async fn list(State(inner): S, Query(q): Query<Vec<(String, String)>>) -> Respon
         .filter(|s| states.is_empty() || states.iter().any(|x| x == s.state))
         .cloned()
         .collect();
-    all.sort_by(|a, b| b.seq.cmp(&a.seq));
+    all.sort_by_key(|s| std::cmp::Reverse(s.seq));
     let more = all.len() > limit;
     all.truncate(limit);
     let next = if more {

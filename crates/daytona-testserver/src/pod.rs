@@ -122,7 +122,7 @@ pub(crate) async fn run_script(
             "sandboxd ended the stream without an exit".into(),
         ))
     };
-    let result = match deadline {
+    match deadline {
         Some(d) => match tokio::time::timeout_at(d, work).await {
             Ok(r) => r,
             Err(_) => {
@@ -132,16 +132,15 @@ pub(crate) async fn run_script(
                         signal: Signal::Sigkill as i32,
                     })
                     .await;
-                return Ok(Outcome {
+                Ok(Outcome {
                     timed_out: true,
                     exit_code: -1,
                     ..Outcome::default()
-                });
+                })
             }
         },
         None => work.await,
-    };
-    result
+    }
 }
 
 /// Run `argv` (stdin `/dev/null`) and collect its output.

@@ -1,4 +1,5 @@
 //! The toolbox (daemon) API at `{toolboxProxyUrl}/{sandboxId}/...`, translated to sandboxd's
+#![allow(clippy::result_large_err)] // handlers return finished `Response`s as their errors
 //! gRPC process service and REST file API in the sandbox's container.
 
 use std::collections::HashMap;
