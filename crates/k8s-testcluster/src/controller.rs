@@ -649,9 +649,11 @@ impl Controller {
         self.pods.lock().insert(uid.clone(), PodState::Starting);
         let this = self.clone();
         tokio::spawn(async move {
-            let started = docker::run(&spec, &this.network, &this.cluster_id).await;
+            let started = docker::owner(&this.cluster_id)
+                .run(&spec, &this.network)
+                .await;
             let (container, ip) = match started {
-                Ok(x) => x,
+                Ok(s) => (s.id, s.ip),
                 Err(e) => {
                     tracing::warn!(error = %e, "starting a pod");
                     this.pods

@@ -131,7 +131,7 @@ impl Faults {
             .pods
             .container_of(uid)
             .ok_or_else(|| crate::Error::Api(format!("sandbox {namespace}/{name} has no pod")))?;
-        crate::docker::kill(&container).await
+        Ok(crate::docker::kill(&container).await?)
     }
 
     pub(crate) fn drop_signal(&self) -> watch::Receiver<u64> {

@@ -188,7 +188,7 @@ impl TestCluster {
                 tracing::warn!(error = %e, "removing stale test clusters");
             }
             let name = format!("k8stc-{cluster_id}");
-            docker::create_network(&name, &cluster_id).await?;
+            docker::owner(&cluster_id).create_network(&name).await?;
             network = Some(name);
         }
 
@@ -403,7 +403,7 @@ impl TestCluster {
         if let Some(net) = self.network.take() {
             // A `docker run` in flight may create its container after the first sweep.
             let in_flight = self.pods.starting() > 0;
-            docker::cleanup_blocking(&self.cluster_id, &net, in_flight);
+            docker::owner(&self.cluster_id).cleanup_blocking(Some(&net), in_flight);
         }
     }
 }
