@@ -126,9 +126,6 @@ impl DaytonaTestServer {
         let server_id: String = (0..8).map(|_| fastrand::lowercase()).collect();
         let mut network = None;
         if opts.docker {
-            if let Err(e) = docker::remove_stale().await {
-                tracing::warn!(error = %e, "removing stale test servers");
-            }
             let name = format!("dtts-{server_id}");
             docker::create_network(&name, &server_id).await?;
             network = Some(name);
