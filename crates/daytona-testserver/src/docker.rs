@@ -49,7 +49,9 @@ pub(crate) async fn run(
 
 /// The container's IPv4 address on `network` (empty when it is not running).
 pub(crate) async fn ip(container: &str, network: &str) -> Result<String, Error> {
-    test_docker::ip_address(container, network).await.map_err(err)
+    test_docker::ip_address(container, network)
+        .await
+        .map_err(err)
 }
 
 /// `docker start`.
