@@ -32,6 +32,10 @@ pub struct Capabilities {
     /// restore read unchanged files from the live workspace instead of fetching them (an
     /// engine that locks the box during an upload cannot).
     pub concurrent_transfers: bool,
+    /// The platform can snapshot the whole box and start a box from that snapshot
+    /// ([`BoxHandle::native_snapshot`], [`BoxHandle::restore_native`]): what
+    /// [`SnapshotFormat::Native`](crate::snapshot::SnapshotFormat::Native) needs.
+    pub native_snapshots: bool,
     /// What `exec` honours. A request that needs a missing feature is refused with
     /// [`Error::NotSupported`] by core before it reaches the backend, never half-run.
     pub exec: ExecFeatures,
@@ -190,6 +194,13 @@ pub trait SandboxClient: Send + Sync + fmt::Debug + 'static {
     /// Remove the owned box `id` (from [`list_owned`](Self::list_owned)), checking the owner
     /// mark again first. Removing what is already gone is not an error.
     async fn remove_owned(&self, id: &str) -> Result<()>;
+
+    /// Delete the platform snapshot `reference` (from [`BoxHandle::native_snapshot`]) once no
+    /// retained snapshot record names it. Deleting what is already gone is not an error.
+    async fn delete_native_snapshot(&self, reference: &str) -> Result<()> {
+        let _ = reference;
+        Err(not_supported(self.backend(), "native snapshots"))
+    }
 }
 
 /// Kind of a tree entry.
@@ -327,6 +338,21 @@ pub trait BoxHandle: Send + Sync + fmt::Debug + 'static {
 
     /// Remove paths (recursively); missing paths are not an error.
     async fn remove(&self, paths: &[RelPath]) -> Result<()>;
+
+    /// Take a platform snapshot of the whole box (its filesystem, and its memory where the
+    /// platform keeps that) and return the platform's reference to it. Only for backends with
+    /// [`Capabilities::native_snapshots`]; core records the reference as the snapshot.
+    async fn native_snapshot(&self) -> Result<String> {
+        Err(not_supported(self.backend(), "native snapshots"))
+    }
+
+    /// Make this box run from the platform snapshot `reference` (replacing what it ran before):
+    /// afterwards its workspace is the snapshot's and [`state`](Self::state) describes the box
+    /// now in use. On error the box is left as it was where the platform allows.
+    async fn restore_native(&self, reference: &str) -> Result<()> {
+        let _ = reference;
+        Err(not_supported(self.backend(), "native snapshots"))
+    }
 }
 
 /// The error a backend returns for an operation it does not implement.

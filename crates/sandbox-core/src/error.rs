@@ -34,6 +34,8 @@ pub enum ErrorKind {
     Backend,
     /// A local I/O operation failed.
     Io,
+    /// A service refused the credentials (wrong, expired or lacking permission).
+    Unauthorized,
 }
 
 /// Errors of sandbox-harness.
@@ -165,6 +167,26 @@ pub enum Error {
         source: Option<BoxError>,
     },
 
+    /// A service asked the caller to slow down (HTTP 429). Retryable, after `retry_after` when
+    /// the service said how long.
+    #[error("{service} is rate-limiting requests{}", retry_after.map(|d| format!(" (retry after {d:?})")).unwrap_or_default())]
+    RateLimited {
+        /// The service ("e2b api at https://api.e2b.app").
+        service: String,
+        /// How long the service asked to wait, if it said.
+        retry_after: Option<Duration>,
+    },
+
+    /// A service refused the credentials (HTTP 401/403, a rejected token). Not retryable: the
+    /// key, token or permission must change first.
+    #[error("{service} refused the credentials: {reason}")]
+    Unauthorized {
+        /// The service.
+        service: String,
+        /// What the service said (never the credential itself).
+        reason: String,
+    },
+
     /// A backend reported a failure of its own.
     #[error("{backend} backend failed during {operation}: {message}")]
     Backend {
@@ -206,7 +228,8 @@ impl Error {
             | Error::UnknownStateType { .. }
             | Error::MalformedState { .. } => ErrorKind::Corrupt,
             Error::NotSupported { .. } => ErrorKind::NotSupported,
-            Error::Unavailable { .. } => ErrorKind::Unavailable,
+            Error::Unavailable { .. } | Error::RateLimited { .. } => ErrorKind::Unavailable,
+            Error::Unauthorized { .. } => ErrorKind::Unauthorized,
             Error::Backend { .. } => ErrorKind::Backend,
             Error::Io { .. } => ErrorKind::Io,
         }

@@ -322,6 +322,14 @@ impl SandboxManagerBuilder {
         if let Some(store) = self.distributed_snapshots.take() {
             self.config.snapshots.store = store;
         }
+        if self.config.snapshots.format == crate::snapshot::SnapshotFormat::Native
+            && !self.client.capabilities().native_snapshots
+        {
+            return Err(Error::NotSupported {
+                backend: self.client.backend(),
+                operation: "native snapshots (SnapshotFormat::Native)",
+            });
+        }
         self.check()?;
         Ok(SandboxManager {
             inner: Arc::new(Inner {
@@ -715,8 +723,20 @@ impl SandboxManager {
             let spec = &inner.config.snapshots;
             let mut snapshot_options = snapshot_options;
             snapshot_options.dry_run |= options.dry_run;
+            let client = &*inner.client;
+            let native = client
+                .capabilities()
+                .native_snapshots
+                .then_some(client as &dyn SandboxClient);
             report.snapshots = Some(
-                snapshot::gc(&*spec.store, &spec.policy, snapshot_options, &*inner.states).await?,
+                snapshot::gc_with(
+                    &*spec.store,
+                    &spec.policy,
+                    snapshot_options,
+                    &*inner.states,
+                    native,
+                )
+                .await?,
             );
         }
         Ok(report)
@@ -1106,7 +1126,12 @@ impl CallInner {
             return;
         }
         let pinned = std::collections::HashSet::from([snap.manifest.as_str().to_owned()]);
-        if let Err(e) = snapshot::retain(&*spec.store, ns, spec.keep_last, &pinned).await {
+        let client = &*self.manager.client;
+        let native = client
+            .capabilities()
+            .native_snapshots
+            .then_some(client as &dyn SandboxClient);
+        if let Err(e) = snapshot::retain(&*spec.store, ns, spec.keep_last, &pinned, native).await {
             // Housekeeping: the snapshot and the state are complete.
             tracing::warn!(error = %e, namespace = %ns, "snapshot retention failed");
         }

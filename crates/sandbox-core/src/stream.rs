@@ -66,6 +66,21 @@ pub async fn collect(stream: ByteStream, limit: usize) -> Result<Bytes> {
     collect_sized(stream, 0, limit).await
 }
 
+/// The stream's bytes up to its first newline (included) or `limit` bytes, whichever comes
+/// first; the rest is never read (a manifest's header line).
+pub async fn collect_prefix(mut stream: ByteStream, limit: usize) -> Result<Bytes> {
+    let mut buf = bytes::BytesMut::new();
+    while buf.len() < limit
+        && !buf.contains(&b'\n')
+        && let Some(chunk) = stream.next().await
+    {
+        let chunk = chunk?;
+        let take = chunk.len().min(limit - buf.len());
+        buf.extend_from_slice(&chunk[..take]);
+    }
+    Ok(buf.freeze())
+}
+
 /// [`collect`] into a buffer sized for `expected` bytes up front (no regrowth for payloads of
 /// a known size).
 pub async fn collect_sized(mut stream: ByteStream, expected: usize, limit: usize) -> Result<Bytes> {

@@ -41,12 +41,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt as _;
 
-use super::manifest::{ChunkLocation, Manifest};
+use super::manifest::{ChunkLocation, Header, Manifest, NativeRef};
 use super::pack::{
     Coalesce, MAX_REDIRECT_DEPTH, PackBlob, PackId, Piece, RangeRead, Redirect, RedirectEntry,
 };
 use super::{BlobKey, BlobMeta, SnapshotStore, SnapshotStoreExt as _};
 use crate::archive::ArchivePolicy;
+use crate::backend::SandboxClient;
 use crate::error::{Error, Result};
 use crate::state_store::StateStore;
 use crate::stream;
@@ -160,10 +161,45 @@ async fn manifests(store: &dyn SnapshotStore) -> Result<BTreeMap<String, Vec<Blo
     Ok(by_ns)
 }
 
-async fn delete_snapshot(store: &dyn SnapshotStore, manifest: &BlobKey) -> Result<()> {
+/// Deletes the platform snapshots of [`SnapshotFormat::Native`](super::SnapshotFormat::Native)
+/// manifests that retention or GC removes.
+pub type NativeDeleter<'a> = Option<&'a dyn SandboxClient>;
+
+async fn delete_snapshot(
+    store: &dyn SnapshotStore,
+    manifest: &BlobKey,
+    native: NativeDeleter<'_>,
+) -> Result<()> {
+    if let Some(client) = native
+        && let Some(reference) = native_reference(store, manifest).await?
+    {
+        // The platform snapshot goes first: a manifest whose platform snapshot could not be
+        // deleted stays, so a later retention tries again.
+        match client.delete_native_snapshot(&reference.reference).await {
+            Ok(()) => {}
+            Err(Error::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
     let archive = manifest.as_str().trim_end_matches(".manifest").to_owned() + ".tar";
     store.delete(&BlobKey::new(archive)?).await?;
     store.delete(manifest).await
+}
+
+/// The platform reference a manifest records, reading only its first line. `None` for other
+/// formats, for a manifest already gone, and for a different backend's.
+async fn native_reference(store: &dyn SnapshotStore, key: &BlobKey) -> Result<Option<NativeRef>> {
+    let stream = match store.get(key).await {
+        Ok(s) => s,
+        Err(Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let head = stream::collect_prefix(stream, 64 * 1024).await?;
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    Ok(serde_json::from_slice::<Header>(line)
+        .ok()
+        .and_then(|h| h.native)
+        .filter(|n| NativeRef::valid_reference(&n.reference)))
 }
 
 /// Which manifests of one namespace retention removes: all but the newest `keep_last` and the
@@ -186,6 +222,7 @@ pub(crate) async fn retain(
     ns: &str,
     keep_last: usize,
     pinned: &HashSet<String>,
+    native: NativeDeleter<'_>,
 ) -> Result<usize> {
     let all = manifests(store).await?;
     let Some(keys) = all.get(ns) else {
@@ -193,7 +230,7 @@ pub(crate) async fn retain(
     };
     let doomed = excess(keys, keep_last, pinned);
     for key in &doomed {
-        delete_snapshot(store, key).await?;
+        delete_snapshot(store, key, native).await?;
     }
     Ok(doomed.len())
 }
@@ -274,6 +311,18 @@ pub async fn gc(
     options: GcOptions,
     states: &dyn StateStore,
 ) -> Result<GcReport> {
+    gc_with(store, policy, options, states, None).await
+}
+
+/// [`gc`], also deleting the platform snapshots of the native-format snapshots it removes
+/// (through `native`, the backend's client).
+pub async fn gc_with(
+    store: &dyn SnapshotStore,
+    policy: &ArchivePolicy,
+    options: GcOptions,
+    states: &dyn StateStore,
+    native: NativeDeleter<'_>,
+) -> Result<GcReport> {
     let mut report = GcReport::default();
     // 1. Chunks and packs first: anything uploaded after this listing is not a candidate.
     let chunks = store.list_all("chunks/").await?;
@@ -294,7 +343,7 @@ pub async fn gc(
             seen.insert(key.clone());
             if doomed.contains(key) {
                 if !options.dry_run {
-                    delete_snapshot(store, key).await?;
+                    delete_snapshot(store, key, native).await?;
                 }
                 report.snapshots_deleted += 1;
             } else {

@@ -46,6 +46,30 @@ pub struct Header {
     /// The tar archive (tar format only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<ArchiveInfo>,
+    /// The platform snapshot (native format only; such a manifest lists no entries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<NativeRef>,
+}
+
+/// A platform snapshot recorded by a [`SnapshotFormat::Native`] manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeRef {
+    /// The backend whose platform holds it (its state tag, e.g. `e2b`).
+    pub backend: String,
+    /// The platform's reference (an opaque id, at most 1 KiB of printable ASCII).
+    pub reference: String,
+}
+
+impl NativeRef {
+    /// Longest accepted reference.
+    pub const MAX_LEN: usize = 1024;
+
+    /// Whether `reference` is acceptable: non-empty, short, printable ASCII without spaces.
+    pub fn valid_reference(reference: &str) -> bool {
+        !reference.is_empty()
+            && reference.len() <= Self::MAX_LEN
+            && reference.bytes().all(|b| b.is_ascii_graphic())
+    }
 }
 
 /// Where a tar-format snapshot's archive is and what it hashes to.
@@ -262,6 +286,17 @@ impl Manifest {
                 header.version
             )));
         }
+        match (&header.native, header.format) {
+            (Some(n), SnapshotFormat::Native)
+                if header.entries == 0 && NativeRef::valid_reference(&n.reference) => {}
+            (None, SnapshotFormat::Tar | SnapshotFormat::Chunked) => {}
+            _ => {
+                return Err(bad(
+                    "a native snapshot needs a valid platform reference and no entries, and only it has one"
+                        .into(),
+                ));
+            }
+        }
         if header.entries > policy.max_entries {
             return Err(bad(format!(
                 "{} entries exceed the limit of {}",
@@ -397,6 +432,7 @@ mod tests {
                 started_ns: 0,
                 entries: entries.len() as u64,
                 archive: None,
+                native: None,
             },
             entries,
         }

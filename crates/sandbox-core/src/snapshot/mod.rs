@@ -43,9 +43,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub(crate) use gc::retain;
-pub use gc::{GcOptions, GcReport, gc};
+pub use gc::{GcOptions, GcReport, NativeDeleter, gc, gc_with};
 pub use manifest::{
     ArchiveInfo, ChunkLocation, ChunkRef, Header, MANIFEST_VERSION, Manifest, ManifestEntry,
+    NativeRef,
 };
 pub use pack::PackId;
 pub use store::{
@@ -69,6 +70,11 @@ pub enum SnapshotFormat {
     Tar,
     /// Content-defined chunks stored once each; incremental.
     Chunked,
+    /// The backend's platform snapshots the whole box ([`BoxHandle::native_snapshot`]); the
+    /// store keeps only a manifest naming the platform's reference, and restore starts the box
+    /// from it ([`BoxHandle::restore_native`]). Needs [`crate::Capabilities::native_snapshots`].
+    /// Every stop takes a platform snapshot (there is no per-file change detection).
+    Native,
 }
 
 /// Chunk size bounds for [`SnapshotFormat::Chunked`] (FastCDC).
@@ -317,6 +323,9 @@ pub async fn take(
     request: TakeRequest,
 ) -> Result<TakeOutcome> {
     let started_ns = now_ns();
+    if spec.format == SnapshotFormat::Native {
+        return take_native(handle, spec, request, started_ns).await;
+    }
     let excludes = Excludes::new(request.exclude.clone(), &request.exclude_globs)?;
     let live: Vec<TreeEntry> = handle
         .list()
@@ -391,7 +400,29 @@ pub async fn take(
         SnapshotFormat::Chunked => {
             chunked::take(handle, &ctx, plan, parent.map(|(_, m)| &**m)).await?
         }
+        SnapshotFormat::Native => unreachable!("native snapshots return above"),
     };
+    finish_take(
+        spec,
+        ns,
+        manifest,
+        data_bytes,
+        files_hashed,
+        request.projection_hash,
+    )
+    .await
+}
+
+/// Store `manifest` and describe the new snapshot.
+async fn finish_take(
+    spec: &SnapshotSpec,
+    ns: &str,
+    manifest: Manifest,
+    data_bytes: u64,
+    files_hashed: u64,
+    projection_hash: Option<String>,
+) -> Result<TakeOutcome> {
+    let id = manifest.header.id.clone();
     let bytes = manifest.to_bytes();
     let manifest_key = manifest_key(ns, &id)?;
     let manifest_blake3 = blake3::hash(&bytes).to_hex().to_string();
@@ -404,9 +435,9 @@ pub async fn take(
         manifest_size,
         manifest_blake3,
         size: data_bytes + manifest_size,
-        created_unix_ms: started_ns / 1_000_000,
+        created_unix_ms: manifest.header.started_ns / 1_000_000,
         parent: manifest.header.parent.clone(),
-        projection_hash: request.projection_hash,
+        projection_hash,
     };
     Ok(TakeOutcome {
         bytes_written: snapshot.size,
@@ -415,6 +446,50 @@ pub async fn take(
         unchanged: false,
         files_hashed,
     })
+}
+
+/// [`SnapshotFormat::Native`]: the platform snapshots the box; the manifest records its
+/// reference.
+async fn take_native(
+    handle: &dyn BoxHandle,
+    spec: &SnapshotSpec,
+    request: TakeRequest,
+    started_ns: i64,
+) -> Result<TakeOutcome> {
+    let reference = handle.native_snapshot().await?;
+    if !NativeRef::valid_reference(&reference) {
+        return Err(Error::backend(
+            handle.backend(),
+            "native snapshot",
+            "the platform returned an unusable snapshot reference",
+        ));
+    }
+    let header = Header {
+        version: MANIFEST_VERSION,
+        id: uuid::Uuid::now_v7().to_string(),
+        parent: request.parent.as_ref().map(|(r, _)| r.id.clone()),
+        format: SnapshotFormat::Native,
+        started_ns,
+        entries: 0,
+        archive: None,
+        native: Some(NativeRef {
+            backend: handle.backend().to_owned(),
+            reference,
+        }),
+    };
+    let manifest = Manifest {
+        header,
+        entries: Vec::new(),
+    };
+    finish_take(
+        spec,
+        &request.namespace,
+        manifest,
+        0,
+        0,
+        request.projection_hash,
+    )
+    .await
 }
 
 /// Replace the workspace of `handle` with `snapshot`, keeping the live paths in `keep`.
@@ -442,6 +517,26 @@ pub async fn restore(
     let manifest = load_manifest(spec, snapshot)
         .await
         .map_err(|e| incomplete("cannot read the manifest", e))?;
+    if let Some(native) = &manifest.header.native {
+        if native.backend != handle.backend() {
+            return Err(incomplete(
+                "a native snapshot restores only on its own platform",
+                Error::invalid(
+                    "snapshot",
+                    format!(
+                        "taken on `{}`, restoring on `{}`",
+                        native.backend,
+                        handle.backend()
+                    ),
+                ),
+            ));
+        }
+        handle
+            .restore_native(&native.reference)
+            .await
+            .map_err(|e| incomplete("the platform could not restore its snapshot", e))?;
+        return Ok(manifest);
+    }
     if reuse_live && snapshot.format == SnapshotFormat::Chunked {
         // Files the live workspace already has are read from the box, not fetched.
         let reuse = chunked::reusable(handle, &manifest).await;
@@ -489,6 +584,10 @@ pub async fn restore(
             Default::default(),
             None,
         )),
+        SnapshotFormat::Native => Err(Error::unsafe_archive(
+            "manifest",
+            "a native snapshot without a platform reference",
+        )),
     }
     .map_err(|e| incomplete("cannot read the archive", e))?;
     handle
@@ -534,6 +633,9 @@ pub async fn baseline_after_restore(
     handle: &dyn BoxHandle,
     manifest: &Manifest,
 ) -> Result<Arc<Manifest>> {
+    if manifest.header.native.is_some() {
+        return Ok(Arc::new(manifest.clone())); // the next native snapshot compares nothing
+    }
     let live = handle.list().await?;
     let index = manifest.index();
     let mut entries = Vec::with_capacity(manifest.entries.len());
@@ -696,6 +798,7 @@ impl TakeContext<'_> {
             started_ns: self.started_ns,
             entries,
             archive,
+            native: None,
         }
     }
 }
