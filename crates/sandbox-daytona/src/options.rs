@@ -271,10 +271,13 @@ mod tests {
 
     #[test]
     fn debug_hides_the_key_and_env_values() {
-        let o = DaytonaOptions::new("https://x/api", Secret::new("dtn_s3cret"))
-            .env("TOKEN", "hunter2");
+        let o =
+            DaytonaOptions::new("https://x/api", Secret::new("dtn_s3cret")).env("TOKEN", "hunter2");
         let shown = format!("{o:?}");
-        assert!(!shown.contains("dtn_s3cret") && !shown.contains("hunter2"), "{shown}");
+        assert!(
+            !shown.contains("dtn_s3cret") && !shown.contains("hunter2"),
+            "{shown}"
+        );
         assert!(shown.contains("TOKEN"), "{shown}");
     }
 
@@ -288,10 +291,7 @@ mod tests {
         };
         bad(ok.clone().name_prefix("Bad_Prefix"), "name prefix");
         bad(DaytonaOptions::default(), "api key");
-        bad(
-            DaytonaOptions::new("ftp://x", Secret::new("k")),
-            "api url",
-        );
+        bad(DaytonaOptions::new("ftp://x", Secret::new("k")), "api url");
         bad(ok.clone().snapshot(" "), "source");
         assert!(ok.clone().workspace_root("relative").validate().is_err());
     }

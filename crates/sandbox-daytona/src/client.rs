@@ -92,22 +92,26 @@ impl Shared {
                 tracing::info!(sandbox = %s.id, name = %s.name, state = s.state(), "sandbox created");
                 Ok(s)
             }
-            Err(e @ (Error::Backend { .. } | Error::Timeout { .. } | Error::Unavailable { .. })) => {
-                match self.api.get(&config.name).await {
-                    Ok(Some(s)) if self.owns(&s) => {
-                        tracing::warn!(name = %config.name, error = %e, "create failed but the sandbox exists: adopting it");
-                        Ok(s)
-                    }
-                    _ => Err(e),
+            Err(
+                e @ (Error::Backend { .. } | Error::Timeout { .. } | Error::Unavailable { .. }),
+            ) => match self.api.get(&config.name).await {
+                Ok(Some(s)) if self.owns(&s) => {
+                    tracing::warn!(name = %config.name, error = %e, "create failed but the sandbox exists: adopting it");
+                    Ok(s)
                 }
-            }
+                _ => Err(e),
+            },
             Err(Error::Conflict { .. }) => {
                 // The name is taken: ours (a concurrent create) is adopted, anyone else's is
                 // refused.
-                let s = self.api.get(&config.name).await?.ok_or_else(|| Error::Conflict {
-                    key: config.name.clone(),
-                    reason: "the name is taken".into(),
-                })?;
+                let s = self
+                    .api
+                    .get(&config.name)
+                    .await?
+                    .ok_or_else(|| Error::Conflict {
+                        key: config.name.clone(),
+                        reason: "the name is taken".into(),
+                    })?;
                 self.check_owner(&s)?;
                 Ok(s)
             }
@@ -322,7 +326,11 @@ impl SandboxClient for DaytonaClient {
         let mut config = self.config_for(spec, name, s.key.clone())?;
         config.root = s.common.workspace_root.clone();
         check_root(&config.root)?;
-        let known = if ephemeral { None } else { s.sandbox_id.clone() };
+        let known = if ephemeral {
+            None
+        } else {
+            s.sandbox_id.clone()
+        };
         Ok(Box::new(DaytonaBox::new(
             self.shared.clone(),
             config,
@@ -384,7 +392,11 @@ mod tests {
         let key =
             IsolationKey::resolve(IsolationScope::User, &CallContext::new("a").user("u")).unwrap();
         let config = c
-            .config_for(&WorkspaceSpec::default(), c.sandbox_name(&key), Some(key.clone()))
+            .config_for(
+                &WorkspaceSpec::default(),
+                c.sandbox_name(&key),
+                Some(key.clone()),
+            )
             .unwrap();
         let body = c.shared.create_body(&config);
         assert_eq!(body["labels"][owner::OWNER], "dep1");
@@ -401,7 +413,10 @@ mod tests {
         );
         let body = c.shared.create_body(&config);
         assert_eq!(body["buildInfo"]["dockerfileContent"], "FROM debian:12\n");
-        assert_eq!((body["cpu"].as_u64(), body["memory"].as_u64()), (Some(2), Some(4)));
+        assert_eq!(
+            (body["cpu"].as_u64(), body["memory"].as_u64()),
+            (Some(2), Some(4))
+        );
         let c = client(DaytonaOptions::new("http://x/api", Secret::new("k")).snapshot("snap"));
         assert_eq!(c.shared.create_body(&config)["snapshot"], "snap");
     }

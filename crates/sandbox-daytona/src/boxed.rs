@@ -13,8 +13,9 @@ use sandbox_core::archive::Excludes;
 use sandbox_core::posix::{self, LIST_SCRIPT, REMOVE_SCRIPT, SWAP_SCRIPT};
 use sandbox_core::stream::{self, ByteStream};
 use sandbox_core::{
-    BoxHandle, Captured, CapturedOutput, CommonState, Error, ExecRequest, ExecResult, ExportRequest, ImportMode,
-    IsolationKey, OutputLimits, Persistence, RelPath, Result, SandboxState, TreeEntry, async_trait,
+    BoxHandle, Captured, CapturedOutput, CommonState, Error, ExecRequest, ExecResult,
+    ExportRequest, ImportMode, IsolationKey, OutputLimits, Persistence, RelPath, Result,
+    SandboxState, TreeEntry, async_trait,
 };
 
 use crate::BACKEND;
@@ -172,7 +173,11 @@ fn dump_script(dir: &str, limits: OutputLimits, extra: &str) -> String {
         dir = quote(dir),
         o = cap(limits.stdout),
         e = cap(limits.stderr),
-        extra = if extra.is_empty() { String::new() } else { quote(extra) },
+        extra = if extra.is_empty() {
+            String::new()
+        } else {
+            quote(extra)
+        },
     )
 }
 
@@ -212,10 +217,7 @@ fn parse_dump(text: &str) -> Result<Dumped> {
             .map_err(|_| bad())
     };
     Ok(Dumped {
-        code: code_part
-            .lines()
-            .next()
-            .and_then(|l| l.trim().parse().ok()),
+        code: code_part.lines().next().and_then(|l| l.trim().parse().ok()),
         no_cwd: code_part.lines().any(|l| l.trim() == "nocwd"),
         stdout: decode(out)?,
         stderr: decode(err)?,
@@ -265,9 +267,10 @@ impl DaytonaBox {
     }
 
     fn toolbox(&self) -> Result<String> {
-        self.live().toolbox.clone().ok_or_else(|| {
-            Error::backend(BACKEND, "toolbox", "the box is not booted (no sandbox)")
-        })
+        self.live()
+            .toolbox
+            .clone()
+            .ok_or_else(|| Error::backend(BACKEND, "toolbox", "the box is not booted (no sandbox)"))
     }
 
     /// Base environment of every command: options, then spec.
@@ -320,28 +323,40 @@ impl DaytonaBox {
             exec_script(&dir, &cwd, &argv, &stdin_path),
             dump_script(&dir, limits, &uploaded)
         );
-        let (text, timed_out) = match api.execute(&toolbox, &script, &env, timeout).await? {
-            Executed::Done(r) => (r.result, false),
-            Executed::TimedOut => {
-                // The daemon killed the command's process group: collect what it wrote.
-                let dump = dump_script(&dir, limits, &uploaded);
-                match api
-                    .execute(&toolbox, &dump, &HashMap::new(), HELPER_TIMEOUT)
-                    .await?
-                {
-                    Executed::Done(r) => (r.result, true),
-                    Executed::TimedOut => {
-                        return Err(Error::backend(
-                            BACKEND,
-                            "exec",
-                            "collecting a timed-out command's output timed out",
-                        ));
+        let (text, wrapper_code, timed_out) =
+            match api.execute(&toolbox, &script, &env, timeout).await? {
+                Executed::Done(r) => (r.result, r.exit_code.or(r.code), false),
+                Executed::TimedOut => {
+                    // The daemon killed the command's process group: collect what it wrote.
+                    let dump = dump_script(&dir, limits, &uploaded);
+                    match api
+                        .execute(&toolbox, &dump, &HashMap::new(), HELPER_TIMEOUT)
+                        .await?
+                    {
+                        Executed::Done(r) => (r.result, r.exit_code.or(r.code), true),
+                        Executed::TimedOut => {
+                            return Err(Error::backend(
+                                BACKEND,
+                                "exec",
+                                "collecting a timed-out command's output timed out",
+                            ));
+                        }
                     }
                 }
-            }
-        };
+            };
         let duration = started.elapsed();
-        let d = parse_dump(&text)?;
+        let d = parse_dump(&text).map_err(|e| match wrapper_code {
+            // The wrapper itself failed (no `/tmp`, no `base64`): say how.
+            Some(code) if code != 0 => Error::backend(
+                BACKEND,
+                "exec",
+                format!(
+                    "the exec wrapper exited with {code}: {}",
+                    text.chars().take(300).collect::<String>()
+                ),
+            ),
+            _ => e,
+        })?;
         if d.no_cwd {
             return Err(Error::NotFound {
                 what: "working directory",
@@ -398,7 +413,12 @@ impl DaytonaBox {
         ))
     }
 
-    async fn script(&self, what: &'static str, script: &str, args: Vec<String>) -> Result<ExecResult> {
+    async fn script(
+        &self,
+        what: &'static str,
+        script: &str,
+        args: Vec<String>,
+    ) -> Result<ExecResult> {
         self.script_with(what, script, args, Stdin::None, |_, _| None)
             .await
     }
@@ -482,9 +502,15 @@ impl DaytonaBox {
         let ancestors = transfer::merge_ancestors(data)?;
         let mut args = vec![self.config.root.clone()];
         args.extend(ancestors.iter().map(|a| a.as_str().to_owned()));
-        self.script_with("import", MERGE_SCRIPT, args, Stdin::File(tar.into()), merge_errors)
-            .await
-            .map(drop)
+        self.script_with(
+            "import",
+            MERGE_SCRIPT,
+            args,
+            Stdin::File(tar.into()),
+            merge_errors,
+        )
+        .await
+        .map(drop)
     }
 
     async fn replace(&self, tar: &str, keep: Vec<RelPath>) -> Result<()> {
@@ -660,12 +686,18 @@ impl BoxHandle for DaytonaBox {
                 key: self.config.root.clone(),
             });
         }
-        self.script_with("export", EXPORT_SCRIPT, args, Stdin::None, |code, stderr| {
-            (code == 3).then(|| Error::NotFound {
-                what: "workspace root",
-                key: stderr.trim().to_owned(),
-            })
-        })
+        self.script_with(
+            "export",
+            EXPORT_SCRIPT,
+            args,
+            Stdin::None,
+            |code, stderr| {
+                (code == 3).then(|| Error::NotFound {
+                    what: "workspace root",
+                    key: stderr.trim().to_owned(),
+                })
+            },
+        )
         .await?;
         // The archive travels through the file API (binary-safe); removed once read.
         let toolbox = self.toolbox()?;

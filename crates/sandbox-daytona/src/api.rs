@@ -97,7 +97,9 @@ impl Api {
         let exec_http = Http::new(
             BACKEND,
             format!("daytona toolbox of {base}"),
-            options.clone().request_timeout(Duration::from_secs(24 * 3600)),
+            options
+                .clone()
+                .request_timeout(Duration::from_secs(24 * 3600)),
         )?;
         Ok(Api {
             base,
@@ -229,11 +231,11 @@ impl Api {
         let url = format!("{toolbox}/process/execute");
         // The daemon answers by `timeout`; a minute more for the answer to come back.
         let bound = Duration::from_secs(secs + 60);
-        let call = self
-            .exec_http
-            .json::<ExecuteResponse>("execute", Idempotency::NotIdempotent, |c| {
-                self.auth(c.post(&url)).json(&body)
-            });
+        let call =
+            self.exec_http
+                .json::<ExecuteResponse>("execute", Idempotency::NotIdempotent, |c| {
+                    self.auth(c.post(&url)).json(&body)
+                });
         match tokio::time::timeout(bound, call).await {
             Ok(Ok(r)) => Ok(Executed::Done(r)),
             // The daemon's 408: `request timeout: command execution timeout`.

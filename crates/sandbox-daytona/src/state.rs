@@ -52,7 +52,10 @@ mod tests {
         }
         let back = state_from_json(&json).unwrap();
         assert_eq!(state_to_json(&*back).unwrap(), json);
-        assert_eq!(back.downcast::<DaytonaState>(crate::BACKEND).unwrap(), &state);
+        assert_eq!(
+            back.downcast::<DaytonaState>(crate::BACKEND).unwrap(),
+            &state
+        );
     }
 
     #[test]
