@@ -54,6 +54,11 @@ pub(crate) async fn ip(container: &str, network: &str) -> Result<String, Error> 
         .map_err(err)
 }
 
+/// Whether the image exists locally.
+pub(crate) async fn image_exists(image: &str) -> Result<bool, Error> {
+    test_docker::image_exists(image).await.map_err(err)
+}
+
 /// `docker start`.
 pub(crate) async fn start(container: &str) -> Result<(), Error> {
     test_docker::start(container).await.map_err(err)

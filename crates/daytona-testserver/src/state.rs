@@ -196,6 +196,12 @@ impl Inner {
         let name = format!("dtts-{}-{short}", self.server_id);
         let mut env = env;
         env.push(("SANDBOX_BASE_DIR".into(), "/".into()));
+        // Never `docker run` a missing image: the engine would try a registry.
+        match docker::image_exists(&self.image).await {
+            Ok(true) => {}
+            Ok(false) => return self.fail(&id, format!("image {} not found", self.image)),
+            Err(e) => return self.fail(&id, e.to_string()),
+        }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let run = docker::run(&name, &self.image, &env, &network, &self.server_id).await;
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
