@@ -288,14 +288,20 @@ async fn session_delete(
     u: Uri,
 ) -> Response {
     let ctx = Ctx::new(&m, &u);
-    if let Err(r) = running(&inner, &sid, &ctx) {
-        return r;
-    }
+    let ip = match running(&inner, &sid, &ctx) {
+        Ok(ip) => ip,
+        Err(r) => return r,
+    };
     match inner
         .update(&sid, |s| s.sessions.remove(&session))
         .flatten()
     {
-        Some(_) => StatusCode::NO_CONTENT.into_response(),
+        Some(_) => {
+            let state = session_state(&session);
+            let (cwd, env) = (format!("{state}.cwd"), format!("{state}.env"));
+            let _ = pod::execute(&ip, &["rm", "-f", &cwd, &env]).await;
+            StatusCode::NO_CONTENT.into_response()
+        }
         None => ctx.err(
             404,
             "PROCESS_NOT_FOUND",
@@ -314,6 +320,31 @@ fn store_command(inner: &Inner, sid: &str, session: &str, cmd: SessionCommand) {
     });
 }
 
+/// Where a session's directory and variables are kept in the sandbox.
+fn session_state(session: &str) -> String {
+    let safe: String = session
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("/tmp/.daytona-session-{safe}")
+}
+
+/// What a session command runs first: the session's saved directory and exported variables
+/// come back, and are saved again when the shell exits (however it exits), so `cd` and
+/// `export` carry over to the session's next command as in the daemon's long-lived shell.
+fn session_prelude(session: &str) -> String {
+    let state = session_state(session);
+    format!(
+        "__s='{state}'; [ -f \"$__s.env\" ] && . \"$__s.env\"; [ -f \"$__s.cwd\" ] && cd \"$(cat \"$__s.cwd\")\"\ntrap '__rc=$?; pwd > \"$__s.cwd\"; export -p > \"$__s.env\"; exit $__rc' EXIT\n"
+    )
+}
+
 async fn run_session_command(
     inner: Arc<Inner>,
     ip: String,
@@ -321,7 +352,8 @@ async fn run_session_command(
     session: String,
     mut cmd: SessionCommand,
 ) -> SessionCommand {
-    let mut script = cmd.command.clone().into_bytes();
+    let mut script = session_prelude(&session).into_bytes();
+    script.extend_from_slice(cmd.command.as_bytes());
     script.push(b'\n');
     let r = pod::run_script(
         &ip,

@@ -335,6 +335,22 @@ async fn sessions_sync_async_status_and_logs() {
         ),
         (Some(4), Some("o\n"), Some("e\n"))
     );
+    // The session's shell state carries over: `cd` and `export`, even after `exit`.
+    for cmd in [
+        "cd /tmp; export SESSION_VAR=kept; exit 0",
+        "echo \"$(pwd) $SESSION_VAR\"",
+    ] {
+        let (_, v) = c
+            .send(
+                c.http
+                    .post(format!("{tb}/process/session/s/exec"))
+                    .json(&json!({"command": cmd})),
+            )
+            .await;
+        if cmd.starts_with("echo") {
+            assert_eq!(v["stdout"], "/tmp kept\n", "{v}");
+        }
+    }
     let (code, v) = c
         .send(
             c.http
@@ -368,7 +384,7 @@ async fn sessions_sync_async_status_and_logs() {
         .await;
     assert_eq!(logs["stdout"], "later\n");
     let (_, sess) = c.send(c.http.get(format!("{tb}/process/session/s"))).await;
-    assert_eq!(sess["commands"].as_array().unwrap().len(), 2);
+    assert_eq!(sess["commands"].as_array().unwrap().len(), 4);
     let (code, _) = c
         .send(c.http.delete(format!("{tb}/process/session/s")))
         .await;
