@@ -150,11 +150,14 @@ def main():
             time.sleep(0.2)
         logs = sb.process.get_session_command_logs("s1", a.cmd_id)
         expect("async-out" in logs.stdout, f"logs {logs}")
+        sb.process.execute_session_command("s1", SessionExecuteRequest(command="cd /tmp && export SV=kept"))
+        r = sb.process.execute_session_command("s1", SessionExecuteRequest(command='echo "$(pwd) $SV"'))
+        expect((r.stdout or "").strip() == "/tmp kept", f"session state did not carry over: {r}")
         sess = sb.process.get_session("s1")
-        expect(len(sess.commands) == 2, f"session commands {sess.commands}")
+        expect(len(sess.commands) == 4, f"session commands {sess.commands}")
         sb.process.delete_session("s1")
 
-    check("sessions: create, exec sync and async, command status, logs, delete", sessions)
+    check("sessions: create, exec sync and async, command status, logs, cwd/env carry over, delete", sessions)
 
     def stop_start():
         sb.stop(timeout=60)
