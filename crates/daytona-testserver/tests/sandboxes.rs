@@ -446,3 +446,24 @@ async fn stop_start_vanish_break_and_cleanup() {
         "shutdown removes every container"
     );
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(docker_tests),
+    ignore = "needs Docker and the pod image: cargo xtask test"
+)]
+async fn an_idle_sandbox_is_auto_stopped() {
+    // One auto-stop "minute" is half a second here.
+    let s = DaytonaTestServer::start(TestServerOptions {
+        autostop_unit: Duration::from_millis(500),
+        ..TestServerOptions::default()
+    })
+    .await
+    .expect("server");
+    let c = Client::new(&s);
+    let (idle, _) = c.started(json!({"autoStopInterval": 1})).await;
+    let (never, _) = c.started(json!({"autoStopInterval": 0})).await;
+    c.wait_state(&idle, "stopped").await;
+    let (_, v) = c.api_get(&format!("/sandbox/{never}")).await;
+    assert_eq!(v["state"], "started", "autoStopInterval 0 never stops");
+}
