@@ -14,6 +14,7 @@ pub mod posix;
 pub mod projection;
 mod reach;
 mod sandbox;
+pub mod scripted;
 pub mod snapshot;
 mod spec;
 mod state;

@@ -757,12 +757,7 @@ impl BoxHandle for DockerBox {
             ));
         }
         let mut entries = posix::parse_listing(BACKEND, &r.stdout, &token)?;
-        entries.retain(|e| {
-            !e.path
-                .components()
-                .next()
-                .is_some_and(|c| c.starts_with(STAGE_PREFIX))
-        });
+        entries.retain(|e| !sandbox_core::scripted::in_stage(&e.path));
         entries.sort_by(|a, b| a.path.cmp(&b.path));
         let sizes: BTreeMap<RelPath, u64> = entries
             .iter()

@@ -14,7 +14,7 @@ const DEPTH: usize = 8;
 
 /// Top-level names starting with this are the backend's staging directories: never listed,
 /// exported or kept.
-pub(crate) const STAGE_PREFIX: &str = ".sandbox-stage-";
+pub(crate) use sandbox_core::scripted::STAGE_PREFIX;
 
 /// One engine download and where its entries go.
 pub(crate) struct Download {
@@ -133,10 +133,7 @@ fn rename_into<R: Read, W: Write>(
         let Some(path) = rename(&raw, prefix)? else {
             continue;
         };
-        if path
-            .components()
-            .next()
-            .is_some_and(|c| c.starts_with(STAGE_PREFIX))
+        if sandbox_core::scripted::in_stage(&path)
             || excludes.covers(&path)
             || filter.wanted.as_ref().is_some_and(|w| !w.covers(&path))
         {

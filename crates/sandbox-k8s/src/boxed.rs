@@ -6,10 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
-use sandbox_core::archive::Excludes;
-use sandbox_core::posix::{self, LIST_SCRIPT, REMOVE_SCRIPT, SWAP_SCRIPT};
-use sandbox_core::stream::{self, ByteStream};
+use sandbox_core::posix;
+use sandbox_core::scripted::{self, ScriptRunner};
+use sandbox_core::stream::ByteStream;
 use sandbox_core::{
     BoxHandle, CommonState, Error, ExecRequest, ExecResult, ExportRequest, ImportMode,
     IsolationKey, OutputLimits, Persistence, RelPath, Result, SandboxState, TreeEntry, async_trait,
@@ -23,14 +22,12 @@ use crate::legacy;
 use crate::options::{Connection, Runtime};
 use crate::sandboxd::{self, Command};
 use crate::state::{ConnectionKind, K8sState};
-use crate::transfer::{self, STAGE_PREFIX};
 
 /// Timeout of the backend's own helper commands.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Largest file `read_file` returns, and largest archive a merge import holds in memory.
-const READ_LIMIT: usize = 1 << 30;
-const MERGE_LIMIT: usize = 256 << 20;
+/// Largest file `read_file` returns.
+const READ_LIMIT: usize = scripted::READ_LIMIT;
 
 /// How long a dead pod's claim may take to go away before it is made again.
 const RECREATE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -85,64 +82,6 @@ impl fmt::Debug for K8sBox {
             .field("root", &self.config.root)
             .field("persistence", &self.config.persistence)
             .finish_non_exhaustive()
-    }
-}
-
-/// Export: `$1` root, `$2` `all` or `some`, then the paths (missing ones are skipped).
-const EXPORT_SCRIPT: &str = r#"
-cd "$1" 2>/dev/null || exit 3
-mode=$2; shift 2
-[ "$mode" = all ] && exec tar -cf - .
-for p do
-  shift
-  if [ -e "$p" ] || [ -L "$p" ]; then set -- "$@" "$p"; fi
-done
-[ $# -eq 0 ] && exit 0
-exec tar -cf - -- "$@"
-"#;
-
-/// Merge import: `$1` root, then the directories entries go through that the archive does
-/// not create: each must be a real directory or missing. Then extract stdin.
-const MERGE_SCRIPT: &str = r#"
-R=$1; shift
-for a do
-  if [ -L "$R/$a" ]; then echo "symlink:$a" >&2; exit 5; fi
-  if [ -e "$R/$a" ] && [ ! -d "$R/$a" ]; then echo "notdir:$a" >&2; exit 6; fi
-done
-mkdir -p -- "$R" && cd "$R" && exec tar -xf -
-"#;
-
-/// Replace import, first step: extract stdin into the staging directory `$1/$2`.
-const STAGE_SCRIPT: &str = r#"mkdir -p -- "$1/$2" && cd "$1/$2" && exec tar -xf -"#;
-
-/// Write stdin to `$2` under root `$1` atomically with mode `$3` (files through commands).
-const WRITE_SCRIPT: &str = r#"
-R=$1; p=$2; d=$R/$p; d=${d%/*}
-mkdir -p -- "$d" || exit 1
-[ -L "$d" ] && { echo "symlink parent" >&2; exit 5; }
-t=$d/.sandbox-write.$$
-cat > "$t" && chmod "$3" "$t" && mv -f -- "$t" "$R/$p" || { rm -f -- "$t"; exit 1; }
-"#;
-
-fn export_errors(code: i32, stderr: &str) -> Option<Error> {
-    (code == 3).then(|| Error::NotFound {
-        what: "workspace root",
-        key: stderr.trim().to_owned(),
-    })
-}
-
-fn merge_errors(code: i32, stderr: &str) -> Option<Error> {
-    let what = stderr.trim();
-    match code {
-        5 => Some(Error::unsafe_archive(
-            what,
-            format!("would write through a symlink in the workspace ({what})"),
-        )),
-        6 => Some(Error::unsafe_archive(
-            what,
-            format!("an entry's parent is not a directory ({what})"),
-        )),
-        _ => None,
     }
 }
 
@@ -237,9 +176,21 @@ impl K8sBox {
         script: &str,
         args: Vec<String>,
     ) -> Result<ExecResult> {
+        self.run_script(what, script, args, 256 << 20, scripted::no_errors)
+            .await
+    }
+
+    async fn run_script(
+        &self,
+        what: &'static str,
+        script: &str,
+        args: Vec<String>,
+        limit: usize,
+        errors: scripted::ExitErrors,
+    ) -> Result<ExecResult> {
         let mut argv = vec!["sh".into(), "-c".into(), script.into(), "sandbox".into()];
         argv.extend(args);
-        let limits = OutputLimits::both(256 << 20);
+        let limits = OutputLimits::both(limit);
         let r = if self.shared.options.runtime == Runtime::Legacy {
             let port = self.shared.options.server_port;
             legacy::run(
@@ -263,6 +214,8 @@ impl K8sBox {
         };
         if r.success() {
             Ok(r)
+        } else if let Some(e) = r.exit_code.and_then(|c| errors(c, r.stderr_str().trim())) {
+            Err(e)
         } else {
             Err(Error::backend(
                 BACKEND,
@@ -299,23 +252,6 @@ impl K8sBox {
             cwd: None,
         };
         sandboxd::run_streaming(&self.channel().await?, &self.who(), command, input, errors).await
-    }
-
-    /// Run a script fed with `input` to its end; fails unless it exited 0.
-    async fn feed_script(
-        &self,
-        script: &str,
-        args: Vec<String>,
-        input: ByteStream,
-        errors: fn(i32, &str) -> Option<Error>,
-    ) -> Result<()> {
-        let mut out = self
-            .stream_script(script, args, Some(input), errors)
-            .await?;
-        while let Some(chunk) = out.next().await {
-            chunk?;
-        }
-        Ok(())
     }
 
     /// A workspace file's path relative to the file API's base directory, when that holds
@@ -477,104 +413,6 @@ impl K8sBox {
             }
         })
     }
-
-    /// Whether the workspace root is a directory in the pod right now.
-    async fn root_exists(&self) -> Result<bool> {
-        let r = self
-            .script(
-                "workspace check",
-                "if [ -d \"$1\" ] && [ ! -L \"$1\" ]; then echo yes; else echo no; fi",
-                vec![self.config.root.clone()],
-            )
-            .await?;
-        Ok(r.stdout_str().trim() == "yes")
-    }
-
-    async fn merge(&self, archive: ByteStream) -> Result<()> {
-        let data = stream::collect(archive, MERGE_LIMIT).await?;
-        let ancestors = transfer::merge_ancestors(&data)?;
-        let mut args = vec![self.config.root.clone()];
-        args.extend(ancestors.iter().map(|a| a.as_str().to_owned()));
-        self.feed_script(MERGE_SCRIPT, args, stream::once(data), merge_errors)
-            .await
-    }
-
-    async fn replace(&self, archive: ByteStream, keep: Vec<RelPath>) -> Result<()> {
-        for k in &keep {
-            if k.as_str().contains('\n') {
-                return Err(Error::invalid(
-                    "keep path",
-                    format!("`{k}` contains a newline"),
-                ));
-            }
-        }
-        let stage = format!("{STAGE_PREFIX}{}", uuid::Uuid::new_v4().simple());
-        let root = self.config.root.clone();
-        if let Err(e) = self
-            .feed_script(
-                STAGE_SCRIPT,
-                vec![root.clone(), stage.clone()],
-                archive,
-                |_, _| None,
-            )
-            .await
-        {
-            let dir = format!("{}/{stage}", root.trim_end_matches('/'));
-            if let Err(c) = self.script("import", "rm -rf -- \"$1\"", vec![dir]).await {
-                tracing::warn!(error = %c, "removing a staging directory");
-            }
-            return Err(e);
-        }
-        let mut k = String::from("\n");
-        for p in &keep {
-            k.push_str(p.as_str());
-            k.push('\n');
-        }
-        self.script("import", SWAP_SCRIPT, vec![root, stage, k])
-            .await
-            .map(|_| ())
-    }
-
-    /// Read a file through a command (no file API for this root).
-    async fn read_by_exec(&self, path: &RelPath) -> Result<Bytes> {
-        let boxed = path.to_box(&self.config.root);
-        let r = sandboxd::run(
-            &self.channel().await?,
-            &self.who(),
-            Command {
-                argv: vec![
-                    "sh".into(),
-                    "-c".into(),
-                    "[ -d \"$1\" ] && exit 4; [ -e \"$1\" ] || exit 3; exec cat -- \"$1\"".into(),
-                    "read".into(),
-                    boxed.clone(),
-                ],
-                env: HashMap::new(),
-                cwd: None,
-            },
-            None,
-            OutputLimits::both(READ_LIMIT),
-            HELPER_TIMEOUT,
-        )
-        .await?;
-        match r.exit_code {
-            Some(0) if !r.stdout_truncated => Ok(r.stdout),
-            Some(0) => Err(Error::invalid(
-                "file",
-                format!("`{path}` is larger than 1 GiB"),
-            )),
-            Some(3) => Err(Error::NotFound {
-                what: "file",
-                key: boxed,
-            }),
-            Some(4) => Err(Error::invalid("file", format!("`{path}` is a directory"))),
-            _ => Err(Error::backend(
-                BACKEND,
-                "read",
-                r.stderr_str().trim().to_owned(),
-            )),
-        }
-    }
 }
 
 #[async_trait]
@@ -661,7 +499,7 @@ impl BoxHandle for K8sBox {
         if self.live().lost {
             return Ok(false);
         }
-        self.root_exists().await
+        scripted::root_exists(self).await
     }
 
     #[tracing::instrument(skip_all, fields(backend = BACKEND, claim = %self.config.claim, program = request.command.program()))]
@@ -706,63 +544,15 @@ impl BoxHandle for K8sBox {
     }
 
     async fn list(&self) -> Result<Vec<TreeEntry>> {
-        let token = format!("\u{1}{}\u{1}", uuid::Uuid::new_v4().simple());
-        let r = self
-            .script(
-                "list",
-                LIST_SCRIPT,
-                vec![self.config.root.clone(), token.clone()],
-            )
-            .await?;
-        if r.stdout_truncated {
-            return Err(Error::backend(
-                BACKEND,
-                "list",
-                "listing larger than 256 MiB",
-            ));
-        }
-        let mut entries = posix::parse_listing(BACKEND, &r.stdout, &token)?;
-        entries.retain(|e| !transfer::in_stage(&e.path));
-        entries.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(entries)
+        scripted::list(self).await
     }
 
     async fn export(&self, request: &ExportRequest) -> Result<ByteStream> {
-        let excludes = Excludes::new(request.exclude.clone(), &request.exclude_globs)?;
-        let mut args = vec![self.config.root.clone()];
-        match &request.paths {
-            None => args.push("all".into()),
-            Some(paths) => {
-                args.push("some".into());
-                args.extend(
-                    paths
-                        .iter()
-                        .filter(|p| !excludes.covers(p))
-                        .map(|p| p.as_str().to_owned()),
-                );
-            }
-        }
-        if request.paths.is_none() && !self.root_exists().await? {
-            return Err(Error::NotFound {
-                what: "workspace root",
-                key: self.config.root.clone(),
-            });
-        }
-        let raw = self
-            .stream_script(EXPORT_SCRIPT, args, None, export_errors)
-            .await?;
-        Ok(transfer::filter_export(raw, excludes))
+        scripted::export(self, request).await
     }
 
     async fn import(&self, archive: ByteStream, mode: ImportMode) -> Result<()> {
-        match mode {
-            ImportMode::Merge => self.merge(archive).await,
-            ImportMode::Replace { keep } => self.replace(archive, keep).await,
-            other => Err(Error::invalid(
-                "import mode",
-                format!("{other:?} is not supported"),
-            )),
-        }
+        scripted::import(self, archive, mode).await
     }
 
     async fn read_file(&self, path: &RelPath) -> Result<Bytes> {
@@ -771,7 +561,7 @@ impl BoxHandle for K8sBox {
             return legacy::download(&self.http(), &self.route()?, port, &rel).await;
         }
         let (Some(rest), Some(port)) = (self.rest_path(path), self.rest_port()) else {
-            return self.read_by_exec(path).await;
+            return scripted::read_file(self, path).await;
         };
         let route = self.route()?;
         let http = self.http();
@@ -805,6 +595,7 @@ impl BoxHandle for K8sBox {
     }
 
     async fn write_file(&self, path: &RelPath, data: Bytes, mode: u32) -> Result<()> {
+        let bits = mode;
         let mode = format!("{:04o}", mode & 0o7777);
         if self.shared.options.runtime == Runtime::Legacy {
             let (rel, port) = self.legacy_file(path)?;
@@ -819,14 +610,7 @@ impl BoxHandle for K8sBox {
                 .map(|_| ());
         }
         let (Some(rest), Some(port)) = (self.rest_path(path), self.rest_port()) else {
-            return self
-                .feed_script(
-                    WRITE_SCRIPT,
-                    vec![self.config.root.clone(), path.as_str().to_owned(), mode],
-                    stream::once(data),
-                    merge_errors,
-                )
-                .await;
+            return scripted::write_file(self, path, data, bits).await;
         };
         let route = self.route()?;
         let http = self.http();
@@ -848,12 +632,41 @@ impl BoxHandle for K8sBox {
     }
 
     async fn remove(&self, paths: &[RelPath]) -> Result<()> {
-        if paths.is_empty() {
-            return Ok(());
-        }
-        let mut args = vec![self.config.root.clone()];
-        args.extend(paths.iter().map(|p| p.as_str().to_owned()));
-        self.script("remove", REMOVE_SCRIPT, args).await.map(|_| ())
+        scripted::remove(self, paths).await
+    }
+}
+
+#[async_trait]
+impl ScriptRunner for K8sBox {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn root(&self) -> &str {
+        &self.config.root
+    }
+
+    async fn script(
+        &self,
+        operation: &'static str,
+        script: &str,
+        args: Vec<String>,
+        limit: usize,
+        errors: scripted::ExitErrors,
+    ) -> Result<ExecResult> {
+        self.run_script(operation, script, args, limit, errors)
+            .await
+    }
+
+    async fn stream_script(
+        &self,
+        _operation: &'static str,
+        script: &str,
+        args: Vec<String>,
+        input: Option<ByteStream>,
+        errors: scripted::ExitErrors,
+    ) -> Result<ByteStream> {
+        K8sBox::stream_script(self, script, args, input, errors).await
     }
 }
 

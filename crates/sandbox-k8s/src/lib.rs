@@ -9,7 +9,6 @@ mod legacy;
 mod options;
 mod sandboxd;
 mod state;
-mod transfer;
 
 pub use boxed::K8sBox;
 pub use client::{K8sClient, labels};

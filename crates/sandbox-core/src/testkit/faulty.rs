@@ -214,6 +214,11 @@ impl SandboxClient for FaultyClient {
         self.script.step("client.remove_owned").await?;
         self.inner.remove_owned(id).await
     }
+
+    async fn delete_native_snapshot(&self, reference: &str) -> Result<()> {
+        self.script.step("client.delete_native_snapshot").await?;
+        self.inner.delete_native_snapshot(reference).await
+    }
 }
 
 #[derive(Debug)]
@@ -304,6 +309,14 @@ impl BoxHandle for FaultyBox {
     async fn remove(&self, paths: &[RelPath]) -> Result<()> {
         self.script.step("box.remove").await?;
         self.inner.remove(paths).await
+    }
+    async fn native_snapshot(&self) -> Result<String> {
+        self.script.step("box.native_snapshot").await?;
+        self.inner.native_snapshot().await
+    }
+    async fn restore_native(&self, reference: &str) -> Result<()> {
+        self.script.step("box.restore_native").await?;
+        self.inner.restore_native(reference).await
     }
 }
 

@@ -18,6 +18,7 @@ pub mod faulty;
 pub mod fs_state;
 pub mod guards;
 pub mod logs;
+pub mod native;
 pub mod race;
 pub mod raw_tar;
 pub mod states;
