@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use sandbox_core::archive::Excludes;
-use sandbox_core::posix::{self, LIST_SCRIPT, REMOVE_SCRIPT, SWAP_SCRIPT};
+use sandbox_core::posix;
+use sandbox_core::scripted::{self, STAGE_PREFIX, ScriptRunner};
 use sandbox_core::stream::{self, ByteStream};
 use sandbox_core::{
     BoxHandle, Captured, CapturedOutput, CommonState, Error, ExecRequest, ExecResult,
@@ -22,13 +22,12 @@ use crate::BACKEND;
 use crate::api::Executed;
 use crate::client::Shared;
 use crate::state::DaytonaState;
-use crate::transfer::{self, STAGE_PREFIX};
 
 /// Timeout of the backend's own helper commands.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(300);
 /// Largest file `read_file` returns.
-const READ_LIMIT: usize = 1 << 30;
-/// Largest archive an import holds in memory (it is uploaded as one file).
+const READ_LIMIT: usize = scripted::READ_LIMIT;
+/// Largest input a streamed script holds in memory (it is uploaded as one file).
 const IMPORT_LIMIT: usize = 4 << 30;
 /// Most output bytes a command may return per stream (they travel base64 in a JSON string).
 const OUTPUT_CAP: usize = 256 << 20;
@@ -85,34 +84,6 @@ impl fmt::Debug for DaytonaBox {
     }
 }
 
-/// Export: `$1` root, `$2` the archive to write, `$3` `all` or `some`, then the paths (missing
-/// ones are skipped).
-const EXPORT_SCRIPT: &str = r#"
-cd "$1" 2>/dev/null || exit 3
-out=$2; mode=$3; shift 3
-[ "$mode" = all ] && exec tar -cf "$out" .
-for p do
-  shift
-  if [ -e "$p" ] || [ -L "$p" ]; then set -- "$@" "$p"; fi
-done
-[ $# -eq 0 ] && exec tar -cf "$out" -T /dev/null
-exec tar -cf "$out" -- "$@"
-"#;
-
-/// Merge import: `$1` root, then the directories entries go through that the archive does
-/// not create: each must be a real directory or missing. Then extract stdin.
-const MERGE_SCRIPT: &str = r#"
-R=$1; shift
-for a do
-  if [ -L "$R/$a" ]; then echo "symlink:$a" >&2; exit 5; fi
-  if [ -e "$R/$a" ] && [ ! -d "$R/$a" ]; then echo "notdir:$a" >&2; exit 6; fi
-done
-mkdir -p -- "$R" && cd "$R" && exec tar -xf -
-"#;
-
-/// Replace import, first step: extract stdin into the staging directory `$1/$2`.
-const STAGE_SCRIPT: &str = r#"mkdir -p -- "$1/$2" && cd "$1/$2" && exec tar -xf -"#;
-
 /// Move the uploaded file `$3` (in the root) to `$2` under root `$1` with mode `$4`; a
 /// symlinked parent is refused.
 const PLACE_SCRIPT: &str = r#"
@@ -122,19 +93,22 @@ mkdir -p -- "$d" || { rm -f -- "$src"; exit 1; }
 chmod "$4" "$src" && mv -f -- "$src" "$R/$p" || { rm -f -- "$src"; exit 1; }
 "#;
 
-fn merge_errors(code: i32, stderr: &str) -> Option<Error> {
+/// Run `sh -c <script> sandbox <args…>` (from `$2` on) with its stdout in the file `$1`;
+/// print `data` when it exited 0 having written something, else remove the file. Exits
+/// with the script's status.
+const TO_FILE_SCRIPT: &str = r#"o=$1; shift; "$@" > "$o"; c=$?
+if [ "$c" -eq 0 ] && [ -s "$o" ]; then echo data; else rm -f -- "$o"; fi
+exit "$c""#;
+
+/// `PLACE_SCRIPT`'s exit 5: a symlinked parent.
+fn place_errors(code: i32, stderr: &str) -> Option<Error> {
     let what = stderr.trim();
-    match code {
-        5 => Some(Error::unsafe_archive(
+    (code == 5).then(|| {
+        Error::unsafe_archive(
             what,
             format!("would write through a symlink in the workspace ({what})"),
-        )),
-        6 => Some(Error::unsafe_archive(
-            what,
-            format!("an entry's parent is not a directory ({what})"),
-        )),
-        _ => None,
-    }
+        )
+    })
 }
 
 /// Single-quote `s` for `sh`.
@@ -145,10 +119,8 @@ pub(crate) fn quote(s: &str) -> String {
 /// Where a command's stdin comes from.
 enum Stdin {
     None,
-    /// Uploaded to a temporary file first.
+    /// Uploaded to a temporary file first (removed after the run).
     Bytes(Bytes),
-    /// A file already in the sandbox.
-    File(String),
 }
 
 /// The wrapper `execute` runs: the command's stdout, stderr and status go to files in `$d`,
@@ -310,7 +282,6 @@ impl DaytonaBox {
         let dir = format!("/tmp/.sandbox-exec-{id}");
         let (stdin_path, uploaded) = match stdin {
             Stdin::None => ("/dev/null".to_owned(), String::new()),
-            Stdin::File(p) => (p, String::new()),
             Stdin::Bytes(data) => {
                 let p = format!("/tmp/.sandbox-stdin-{id}");
                 api.upload(&toolbox, &p, data).await?;
@@ -379,7 +350,8 @@ impl DaytonaBox {
         script: &str,
         args: Vec<String>,
         stdin: Stdin,
-        errors: fn(i32, &str) -> Option<Error>,
+        limits: OutputLimits,
+        errors: scripted::ExitErrors,
     ) -> Result<ExecResult> {
         let mut argv = vec!["sh".into(), "-c".into(), script.into(), "sandbox".into()];
         argv.extend(args);
@@ -389,7 +361,7 @@ impl DaytonaBox {
                 "/".into(),
                 HashMap::new(),
                 stdin,
-                OutputLimits::both(OUTPUT_CAP),
+                limits,
                 HELPER_TIMEOUT,
             )
             .await?;
@@ -419,20 +391,15 @@ impl DaytonaBox {
         script: &str,
         args: Vec<String>,
     ) -> Result<ExecResult> {
-        self.script_with(what, script, args, Stdin::None, |_, _| None)
-            .await
-    }
-
-    /// Whether the workspace root is a directory in the sandbox right now.
-    async fn root_exists(&self) -> Result<bool> {
-        let r = self
-            .script(
-                "workspace check",
-                "if [ -d \"$1\" ] && [ ! -L \"$1\" ]; then echo yes; else echo no; fi",
-                vec![self.config.root.clone()],
-            )
-            .await?;
-        Ok(r.stdout_str().trim() == "yes")
+        self.script_with(
+            what,
+            script,
+            args,
+            Stdin::None,
+            OutputLimits::both(OUTPUT_CAP),
+            scripted::no_errors,
+        )
+        .await
     }
 
     /// Find (or, when gone, make again) the sandbox and wait until it is started.
@@ -496,58 +463,6 @@ impl DaytonaBox {
 
     fn config_for_create(&self) -> BoxConfig {
         self.config.clone()
-    }
-
-    async fn merge(&self, tar: &str, data: &Bytes) -> Result<()> {
-        let ancestors = transfer::merge_ancestors(data)?;
-        let mut args = vec![self.config.root.clone()];
-        args.extend(ancestors.iter().map(|a| a.as_str().to_owned()));
-        self.script_with(
-            "import",
-            MERGE_SCRIPT,
-            args,
-            Stdin::File(tar.into()),
-            merge_errors,
-        )
-        .await
-        .map(drop)
-    }
-
-    async fn replace(&self, tar: &str, keep: Vec<RelPath>) -> Result<()> {
-        for k in &keep {
-            if k.as_str().contains('\n') {
-                return Err(Error::invalid(
-                    "keep path",
-                    format!("`{k}` contains a newline"),
-                ));
-            }
-        }
-        let stage = format!("{STAGE_PREFIX}{}", uuid::Uuid::new_v4().simple());
-        let root = self.config.root.clone();
-        if let Err(e) = self
-            .script_with(
-                "import",
-                STAGE_SCRIPT,
-                vec![root.clone(), stage.clone()],
-                Stdin::File(tar.into()),
-                |_, _| None,
-            )
-            .await
-        {
-            let dir = format!("{}/{stage}", root.trim_end_matches('/'));
-            if let Err(c) = self.script("import", "rm -rf -- \"$1\"", vec![dir]).await {
-                tracing::warn!(error = %c, "removing a staging directory");
-            }
-            return Err(e);
-        }
-        let mut k = String::from("\n");
-        for p in &keep {
-            k.push_str(p.as_str());
-            k.push('\n');
-        }
-        self.script("import", SWAP_SCRIPT, vec![root, stage, k])
-            .await
-            .map(drop)
     }
 }
 
@@ -614,7 +529,7 @@ impl BoxHandle for DaytonaBox {
         if self.live().lost {
             return Ok(false);
         }
-        self.root_exists().await
+        scripted::root_exists(self).await
     }
 
     #[tracing::instrument(skip_all, fields(backend = BACKEND, name = %self.config.name, program = request.command.program()))]
@@ -643,107 +558,15 @@ impl BoxHandle for DaytonaBox {
     }
 
     async fn list(&self) -> Result<Vec<TreeEntry>> {
-        let token = format!("\u{1}{}\u{1}", uuid::Uuid::new_v4().simple());
-        let r = self
-            .script(
-                "list",
-                LIST_SCRIPT,
-                vec![self.config.root.clone(), token.clone()],
-            )
-            .await?;
-        if r.stdout_truncated {
-            return Err(Error::backend(
-                BACKEND,
-                "list",
-                "listing larger than 256 MiB",
-            ));
-        }
-        let mut entries = posix::parse_listing(BACKEND, &r.stdout, &token)?;
-        entries.retain(|e| !transfer::in_stage(&e.path));
-        entries.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(entries)
+        scripted::list(self).await
     }
 
     async fn export(&self, request: &ExportRequest) -> Result<ByteStream> {
-        let excludes = Excludes::new(request.exclude.clone(), &request.exclude_globs)?;
-        let tar = format!("/tmp/.sandbox-export-{}.tar", uuid::Uuid::new_v4().simple());
-        let mut args = vec![self.config.root.clone(), tar.clone()];
-        match &request.paths {
-            None => args.push("all".into()),
-            Some(paths) => {
-                args.push("some".into());
-                args.extend(
-                    paths
-                        .iter()
-                        .filter(|p| !excludes.covers(p))
-                        .map(|p| p.as_str().to_owned()),
-                );
-            }
-        }
-        if request.paths.is_none() && !self.root_exists().await? {
-            return Err(Error::NotFound {
-                what: "workspace root",
-                key: self.config.root.clone(),
-            });
-        }
-        self.script_with(
-            "export",
-            EXPORT_SCRIPT,
-            args,
-            Stdin::None,
-            |code, stderr| {
-                (code == 3).then(|| Error::NotFound {
-                    what: "workspace root",
-                    key: stderr.trim().to_owned(),
-                })
-            },
-        )
-        .await?;
-        // The archive travels through the file API (binary-safe); removed once read.
-        let toolbox = self.toolbox()?;
-        let response = match self.shared.api.download(&toolbox, &tar).await {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = self.shared.api.delete_file(&toolbox, &tar).await;
-                return Err(e);
-            }
-        };
-        let body = response.bytes_stream().map_err(|e| Error::Unavailable {
-            service: "daytona toolbox".into(),
-            reason: format!("reading an export archive: {e}"),
-            source: Some(Box::new(e)),
-        });
-        let api = self.shared.api.clone();
-        let cleanup = futures::stream::once(async move {
-            if let Err(e) = api.delete_file(&toolbox, &tar).await {
-                tracing::warn!(error = %e, "removing an export archive");
-            }
-            None
-        })
-        .filter_map(|x: Option<Result<Bytes>>| async move { x });
-        let raw: ByteStream = Box::pin(body.chain(cleanup));
-        Ok(transfer::filter_export(raw, excludes))
+        scripted::export(self, request).await
     }
 
     async fn import(&self, archive: ByteStream, mode: ImportMode) -> Result<()> {
-        if !matches!(mode, ImportMode::Merge | ImportMode::Replace { .. }) {
-            return Err(Error::invalid(
-                "import mode",
-                format!("{mode:?} is not supported"),
-            ));
-        }
-        let data = stream::collect(archive, IMPORT_LIMIT).await?;
-        let toolbox = self.toolbox()?;
-        let tar = format!("/tmp/.sandbox-import-{}.tar", uuid::Uuid::new_v4().simple());
-        self.shared.api.upload(&toolbox, &tar, data.clone()).await?;
-        let result = match mode {
-            ImportMode::Replace { keep } => self.replace(&tar, keep).await,
-            _ => self.merge(&tar, &data).await,
-        };
-        if let Err(e) = self.shared.api.delete_file(&toolbox, &tar).await {
-            tracing::warn!(error = %e, "removing an import archive");
-        }
-        result
+        scripted::import(self, archive, mode).await
     }
 
     async fn read_file(&self, path: &RelPath) -> Result<Bytes> {
@@ -802,19 +625,112 @@ impl BoxHandle for DaytonaBox {
                 mode,
             ],
             Stdin::None,
-            merge_errors,
+            OutputLimits::both(OUTPUT_CAP),
+            place_errors,
         )
         .await
         .map(drop)
     }
 
     async fn remove(&self, paths: &[RelPath]) -> Result<()> {
-        if paths.is_empty() {
-            return Ok(());
+        scripted::remove(self, paths).await
+    }
+}
+
+#[async_trait]
+impl ScriptRunner for DaytonaBox {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn root(&self) -> &str {
+        &self.config.root
+    }
+
+    async fn script(
+        &self,
+        operation: &'static str,
+        script: &str,
+        args: Vec<String>,
+        limit: usize,
+        errors: scripted::ExitErrors,
+    ) -> Result<ExecResult> {
+        self.script_with(
+            operation,
+            script,
+            args,
+            Stdin::None,
+            OutputLimits::both(limit.min(OUTPUT_CAP)),
+            errors,
+        )
+        .await
+    }
+
+    /// The input is uploaded as a file and fed as stdin; the script's stdout goes to a file
+    /// in `/tmp` that travels back through the file API (binary-safe), removed once read.
+    async fn stream_script(
+        &self,
+        operation: &'static str,
+        script: &str,
+        args: Vec<String>,
+        input: Option<ByteStream>,
+        errors: scripted::ExitErrors,
+    ) -> Result<ByteStream> {
+        let stdin = match input {
+            Some(input) => Stdin::Bytes(stream::collect(input, IMPORT_LIMIT).await?),
+            None => Stdin::None,
+        };
+        let toolbox = self.toolbox()?;
+        let out = format!("/tmp/.sandbox-out-{}", uuid::Uuid::new_v4().simple());
+        let mut wrapped = vec![
+            out.clone(),
+            "sh".into(),
+            "-c".into(),
+            script.into(),
+            "sandbox".into(),
+        ];
+        wrapped.extend(args);
+        let mut limits = OutputLimits::both(1 << 20);
+        limits.stdout = 4096;
+        let r = match self
+            .script_with(operation, TO_FILE_SCRIPT, wrapped, stdin, limits, errors)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                // The wrapper removes it, unless it was cut off (a timeout).
+                if let Err(c) = self.shared.api.delete_file(&toolbox, &out).await {
+                    tracing::warn!(error = %c, "removing a script's output file");
+                }
+                return Err(e);
+            }
+        };
+        if r.stdout_str().trim() != "data" {
+            return Ok(Box::pin(futures::stream::empty()));
         }
-        let mut args = vec![self.config.root.clone()];
-        args.extend(paths.iter().map(|p| p.as_str().to_owned()));
-        self.script("remove", REMOVE_SCRIPT, args).await.map(drop)
+        let response = match self.shared.api.download(&toolbox, &out).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.shared.api.delete_file(&toolbox, &out).await;
+                return Err(e);
+            }
+        };
+        let body = response
+            .bytes_stream()
+            .map_err(move |e| Error::Unavailable {
+                service: "daytona toolbox".into(),
+                reason: format!("reading the output of {operation}: {e}"),
+                source: Some(Box::new(e)),
+            });
+        let api = self.shared.api.clone();
+        let cleanup = futures::stream::once(async move {
+            if let Err(e) = api.delete_file(&toolbox, &out).await {
+                tracing::warn!(error = %e, "removing a script's output file");
+            }
+            None
+        })
+        .filter_map(|x: Option<Result<Bytes>>| async move { x });
+        Ok(Box::pin(body.chain(cleanup)))
     }
 }
 

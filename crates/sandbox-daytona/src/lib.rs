@@ -5,7 +5,6 @@ mod boxed;
 mod client;
 mod options;
 mod state;
-mod transfer;
 
 pub use boxed::DaytonaBox;
 pub use client::DaytonaClient;
