@@ -385,23 +385,6 @@ impl DaytonaBox {
         ))
     }
 
-    async fn script(
-        &self,
-        what: &'static str,
-        script: &str,
-        args: Vec<String>,
-    ) -> Result<ExecResult> {
-        self.script_with(
-            what,
-            script,
-            args,
-            Stdin::None,
-            OutputLimits::both(OUTPUT_CAP),
-            scripted::no_errors,
-        )
-        .await
-    }
-
     /// Find (or, when gone, make again) the sandbox and wait until it is started.
     async fn bind(&self) -> Result<()> {
         let shared = &self.shared;
@@ -491,8 +474,15 @@ impl BoxHandle for DaytonaBox {
     async fn boot(&self) -> Result<()> {
         self.bind().await?;
         if self.live().fresh {
-            self.script("boot", "mkdir -p -- \"$1\"", vec![self.config.root.clone()])
-                .await?;
+            ScriptRunner::script(
+                self,
+                "boot",
+                "mkdir -p -- \"$1\"",
+                vec![self.config.root.clone()],
+                4096,
+                scripted::no_errors,
+            )
+            .await?;
         }
         Ok(())
     }
