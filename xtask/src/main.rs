@@ -8,8 +8,9 @@
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-mod e2b;
 mod daytona;
+mod e2b;
+mod fidelity;
 mod k8s;
 
 fn main() -> ExitCode {
