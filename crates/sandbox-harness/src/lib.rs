@@ -6,9 +6,15 @@ pub use sandbox_core::*;
 #[cfg(feature = "local")]
 pub use sandbox_local as local;
 
+/// The Daytona backend (feature `daytona`).
+#[cfg(feature = "daytona")]
+pub use sandbox_daytona as daytona;
 /// The Docker engine backend (feature `docker`).
 #[cfg(feature = "docker")]
 pub use sandbox_docker as docker;
+/// The E2B backend, also for E2B-compatible clouds (feature `e2b`).
+#[cfg(feature = "e2b")]
+pub use sandbox_e2b as e2b;
 /// The Kubernetes (agent-sandbox) backend (feature `k8s`).
 #[cfg(feature = "k8s")]
 pub use sandbox_k8s as k8s;
@@ -78,6 +84,10 @@ pub fn enabled_backends() -> Vec<&'static str> {
         sandbox_docker::BACKEND,
         #[cfg(feature = "k8s")]
         sandbox_k8s::BACKEND,
+        #[cfg(feature = "e2b")]
+        sandbox_e2b::BACKEND,
+        #[cfg(feature = "daytona")]
+        sandbox_daytona::BACKEND,
     ];
     tags.sort_unstable();
     tags
