@@ -65,6 +65,21 @@ pub trait ScriptRunner: Send + Sync {
         input: Option<ByteStream>,
         errors: ExitErrors,
     ) -> Result<ByteStream>;
+
+    /// Whether [`upload`](Self::upload) works: the box has a file API that takes archives and
+    /// files faster than a command's stdin (then imports and writes go through it).
+    fn can_upload(&self) -> bool {
+        false
+    }
+
+    /// Store `data` as the file `path` (absolute, in the box), replacing it.
+    async fn upload(&self, path: &str, data: ByteStream) -> Result<()> {
+        let _ = (path, data);
+        Err(Error::NotSupported {
+            backend: self.backend(),
+            operation: "uploads",
+        })
+    }
 }
 
 /// No exit code has a meaning of its own.
@@ -108,6 +123,21 @@ t=$d/.sandbox-write.$$
 cat > "$t" && chmod "$3" "$t" && mv -f -- "$t" "$R/$p" || { rm -f -- "$t"; exit 1; }
 "#;
 
+/// Move the uploaded file `$3` to `$2` under root `$1` with mode `$4`, refusing a symlinked
+/// parent (exit 5); the uploaded file never stays behind.
+pub const PLACE_SCRIPT: &str = r#"
+R=$1; p=$2; u=$3; d=$R/$p; d=${d%/*}
+mkdir -p -- "$d" || { rm -f -- "$u"; exit 1; }
+[ -L "$d" ] && { rm -f -- "$u"; echo "symlink parent" >&2; exit 5; }
+chmod "$4" "$u" && mv -f -- "$u" "$R/$p" || { rm -f -- "$u"; exit 1; }
+"#;
+
+/// `script` with its stdin read from the file named by an extra first argument, which is
+/// removed once open (the script's own arguments follow it unchanged).
+fn stdin_from_file(script: &str) -> String {
+    format!("F=$1; shift\nexec < \"$F\" || exit 1\nrm -f -- \"$F\"\n{script}")
+}
+
 /// Read `$1`: exit 4 for a directory, 3 when missing.
 pub const READ_SCRIPT: &str = r#"[ -d "$1" ] && exit 4; [ -e "$1" ] || exit 3; exec cat -- "$1""#;
 
@@ -121,7 +151,9 @@ fn export_errors(code: i32, stderr: &str) -> Option<Error> {
     })
 }
 
-fn merge_errors(code: i32, stderr: &str) -> Option<Error> {
+/// The archive and write scripts' exits: 5 a symlink in the way, 6 a parent that is not a
+/// directory.
+pub fn merge_errors(code: i32, stderr: &str) -> Option<Error> {
     let what = stderr.trim();
     match code {
         5 => Some(Error::unsafe_archive(
@@ -159,6 +191,39 @@ pub async fn feed(
         chunk?;
     }
     Ok(())
+}
+
+/// Run `script` with `archive` on its stdin: through an uploaded file where the runner can
+/// upload (removed whatever happens), else fed to the command.
+async fn feed_archive(
+    runner: &dyn ScriptRunner,
+    operation: &'static str,
+    script: &str,
+    args: Vec<String>,
+    archive: ByteStream,
+    errors: ExitErrors,
+) -> Result<()> {
+    if !runner.can_upload() {
+        return feed(runner, operation, script, args, archive, errors).await;
+    }
+    let file = format!("/tmp/.sandbox-in-{}", uuid::Uuid::new_v4().simple());
+    let ran = async {
+        runner.upload(&file, archive).await?;
+        let mut with = vec![file.clone()];
+        with.extend(args);
+        runner
+            .script(operation, &stdin_from_file(script), with, 1 << 20, errors)
+            .await
+    }
+    .await;
+    if ran.is_err()
+        && let Err(e) = runner
+            .script(operation, "rm -f -- \"$1\"", vec![file], 4096, no_errors)
+            .await
+    {
+        tracing::warn!(error = %e, "removing an uploaded archive");
+    }
+    ran.map(|_| ())
 }
 
 /// Whether the workspace root is a real directory.
@@ -269,7 +334,7 @@ async fn replace(runner: &dyn ScriptRunner, archive: ByteStream, keep: Vec<RelPa
     }
     let stage = format!("{STAGE_PREFIX}{}", uuid::Uuid::new_v4().simple());
     let root = runner.root().to_owned();
-    if let Err(e) = feed(
+    if let Err(e) = feed_archive(
         runner,
         "import",
         STAGE_SCRIPT,
@@ -356,19 +421,35 @@ pub async fn read_file(runner: &dyn ScriptRunner, path: &RelPath) -> Result<Byte
     Ok(r.stdout)
 }
 
-/// Write one file atomically (parents made; a symlinked parent is refused) through a
-/// command fed the data.
+/// Write one file atomically (parents made; a symlinked parent is refused): uploaded beside
+/// the workspace under a staging name (listings and exports skip it; the move is a rename)
+/// and moved into place where the runner can upload, else through a command fed the data.
 pub async fn write_file(
     runner: &dyn ScriptRunner,
     path: &RelPath,
     data: Bytes,
     mode: u32,
 ) -> Result<()> {
-    let args = vec![
-        runner.root().to_owned(),
-        path.as_str().to_owned(),
-        format!("{:04o}", mode & 0o7777),
-    ];
+    let mode = format!("{:04o}", mode & 0o7777);
+    if runner.can_upload() {
+        let upload = format!(
+            "{}/{STAGE_PREFIX}w{}",
+            runner.root().trim_end_matches('/'),
+            uuid::Uuid::new_v4().simple()
+        );
+        runner.upload(&upload, stream::once(data)).await?;
+        let args = vec![
+            runner.root().to_owned(),
+            path.as_str().to_owned(),
+            upload,
+            mode,
+        ];
+        return runner
+            .script("write", PLACE_SCRIPT, args, 4096, merge_errors)
+            .await
+            .map(|_| ());
+    }
+    let args = vec![runner.root().to_owned(), path.as_str().to_owned(), mode];
     feed(
         runner,
         "write",

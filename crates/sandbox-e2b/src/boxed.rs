@@ -6,12 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
-use sandbox_core::posix::{self, SWAP_SCRIPT};
-use sandbox_core::scripted::{
-    self, ExitErrors, MERGE_LIMIT, READ_LIMIT, STAGE_PREFIX, ScriptRunner, no_errors,
-};
-use sandbox_core::stream::{self, ByteStream};
+use sandbox_core::posix;
+use sandbox_core::scripted::{self, ExitErrors, READ_LIMIT, ScriptRunner, no_errors};
+use sandbox_core::stream::ByteStream;
 use sandbox_core::{
     BoxHandle, CommonState, Error, ExecRequest, ExecResult, ExportRequest, ImportMode,
     IsolationKey, OutputLimits, Persistence, RelPath, Result, SandboxState, TreeEntry, async_trait,
@@ -76,49 +73,6 @@ impl fmt::Debug for E2bBox {
             .field("root", &self.config.root)
             .field("persistence", &self.config.persistence)
             .finish_non_exhaustive()
-    }
-}
-
-/// Merge import: `$1` root, `$2` the uploaded archive, then the directories entries go
-/// through that the archive does not create: each must be a real directory or missing.
-const MERGE_SCRIPT: &str = r#"
-R=$1; A=$2; shift 2
-trap 'rm -f -- "$A"' EXIT
-for a do
-  if [ -L "$R/$a" ]; then echo "symlink:$a" >&2; exit 5; fi
-  if [ -e "$R/$a" ] && [ ! -d "$R/$a" ]; then echo "notdir:$a" >&2; exit 6; fi
-done
-mkdir -p -- "$R" && cd "$R" && tar -xf "$A"
-"#;
-
-/// Replace import, first step: extract the uploaded archive `$3` into the staging directory
-/// `$1/$2`.
-const STAGE_SCRIPT: &str = r#"
-trap 'rm -f -- "$3"' EXIT
-mkdir -p -- "$1/$2" && cd "$1/$2" && tar -xf "$3"
-"#;
-
-/// Move the uploaded file `$3` to `$2` under root `$1` with mode `$4`, refusing a symlinked
-/// parent.
-const PLACE_SCRIPT: &str = r#"
-R=$1; p=$2; u=$3; d=$R/$p; d=${d%/*}
-mkdir -p -- "$d" || { rm -f -- "$u"; exit 1; }
-[ -L "$d" ] && { rm -f -- "$u"; echo "symlink parent" >&2; exit 5; }
-chmod "$4" "$u" && mv -f -- "$u" "$R/$p" || { rm -f -- "$u"; exit 1; }
-"#;
-
-fn merge_errors(code: i32, stderr: &str) -> Option<Error> {
-    let what = stderr.trim();
-    match code {
-        5 => Some(Error::unsafe_archive(
-            what,
-            format!("would write through a symlink in the workspace ({what})"),
-        )),
-        6 => Some(Error::unsafe_archive(
-            what,
-            format!("an entry's parent is not a directory ({what})"),
-        )),
-        _ => None,
     }
 }
 
@@ -205,30 +159,6 @@ impl E2bBox {
         envd::run(&conn, Command { argv, env }, stdin, limits, timeout).await
     }
 
-    /// Run a script to its end; fails with `errors`' typed error or a backend error unless it
-    /// exited 0.
-    async fn checked_script(
-        &self,
-        what: &'static str,
-        script: &str,
-        args: Vec<String>,
-        errors: ExitErrors,
-    ) -> Result<()> {
-        let mut out = self.stream_script(what, script, args, None, errors).await?;
-        while let Some(chunk) = out.next().await {
-            chunk.map_err(|e| match e {
-                Error::Backend { message, .. } => Error::backend(BACKEND, what, message),
-                other => other,
-            })?;
-        }
-        Ok(())
-    }
-
-    /// A fresh upload path in the sandbox's `/tmp`.
-    fn upload_path(kind: &str) -> String {
-        format!("/tmp/.sandbox-{kind}-{}", uuid::Uuid::new_v4().simple())
-    }
-
     fn resolve_cwd(&self, cwd: Option<&str>) -> Result<String> {
         match cwd {
             None => Ok(self.config.root.clone()),
@@ -304,73 +234,6 @@ impl E2bBox {
         Ok(())
     }
 
-    async fn merge(&self, archive: ByteStream) -> Result<()> {
-        let data = stream::collect(archive, MERGE_LIMIT).await?;
-        let ancestors = scripted::merge_ancestors(&data)?;
-        let upload = Self::upload_path("merge");
-        self.conn()?.upload_bytes(&upload, data).await?;
-        let mut args = vec![self.config.root.clone(), upload];
-        args.extend(ancestors.iter().map(|a| a.as_str().to_owned()));
-        self.checked_script("import", MERGE_SCRIPT, args, merge_errors)
-            .await
-    }
-
-    async fn replace(&self, archive: ByteStream, keep: Vec<RelPath>) -> Result<()> {
-        for k in &keep {
-            if k.as_str().contains('\n') {
-                return Err(Error::invalid(
-                    "keep path",
-                    format!("`{k}` contains a newline"),
-                ));
-            }
-        }
-        let stage = format!("{STAGE_PREFIX}{}", uuid::Uuid::new_v4().simple());
-        let root = self.config.root.clone();
-        let upload = Self::upload_path("import");
-        // The whole archive is in the sandbox before the live workspace is touched.
-        let staged = async {
-            self.conn()?.upload_stream(&upload, archive).await?;
-            self.checked_script(
-                "import",
-                STAGE_SCRIPT,
-                vec![root.clone(), stage.clone(), upload.clone()],
-                no_errors,
-            )
-            .await
-        }
-        .await;
-        if let Err(e) = staged {
-            let dir = format!("{}/{stage}", root.trim_end_matches('/'));
-            if let Err(c) = self
-                .script(
-                    "import",
-                    "rm -rf -- \"$1\" \"$2\"",
-                    vec![dir, upload],
-                    4096,
-                    no_errors,
-                )
-                .await
-            {
-                tracing::warn!(error = %c, "removing a staging directory");
-            }
-            return Err(e);
-        }
-        let mut k = String::from("\n");
-        for p in &keep {
-            k.push_str(p.as_str());
-            k.push('\n');
-        }
-        self.script(
-            "import",
-            SWAP_SCRIPT,
-            vec![root, stage, k],
-            1 << 20,
-            no_errors,
-        )
-        .await
-        .map(|_| ())
-    }
-
     async fn kill_current(&self) -> Result<()> {
         let id = {
             let mut live = self.live();
@@ -389,6 +252,15 @@ impl E2bBox {
 impl ScriptRunner for E2bBox {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    /// Archives and files go through envd's `POST /files` (a streamed octet-stream body).
+    fn can_upload(&self) -> bool {
+        true
+    }
+
+    async fn upload(&self, path: &str, data: ByteStream) -> Result<()> {
+        self.conn()?.upload_stream(path, data).await
     }
 
     fn root(&self) -> &str {
@@ -615,14 +487,7 @@ impl BoxHandle for E2bBox {
     }
 
     async fn import(&self, archive: ByteStream, mode: ImportMode) -> Result<()> {
-        match mode {
-            ImportMode::Merge => self.merge(archive).await,
-            ImportMode::Replace { keep } => self.replace(archive, keep).await,
-            other => Err(Error::invalid(
-                "import mode",
-                format!("{other:?} is not supported"),
-            )),
-        }
+        scripted::import(self, archive, mode).await
     }
 
     async fn read_file(&self, path: &RelPath) -> Result<Bytes> {
@@ -658,27 +523,7 @@ impl BoxHandle for E2bBox {
     }
 
     async fn write_file(&self, path: &RelPath, data: Bytes, mode: u32) -> Result<()> {
-        let mode = format!("{:04o}", mode & 0o7777);
-        // Uploaded beside the workspace's files (one filesystem: the move is a rename), under
-        // a staging name that listings and exports skip.
-        let upload = format!(
-            "{}/{STAGE_PREFIX}w{}",
-            self.config.root.trim_end_matches('/'),
-            uuid::Uuid::new_v4().simple()
-        );
-        self.conn()?.upload_bytes(&upload, data).await?;
-        self.checked_script(
-            "write",
-            PLACE_SCRIPT,
-            vec![
-                self.config.root.clone(),
-                path.as_str().to_owned(),
-                upload,
-                mode,
-            ],
-            merge_errors,
-        )
-        .await
+        scripted::write_file(self, path, data, mode).await
     }
 
     async fn remove(&self, paths: &[RelPath]) -> Result<()> {

@@ -410,16 +410,6 @@ impl Conn {
         }
     }
 
-    /// Upload `data` to `path` (made again after a refused token: the body is at hand).
-    pub(crate) async fn upload_bytes(&self, path: &str, data: Bytes) -> Result<()> {
-        match self.envd().upload(path, data.clone().into()).await {
-            Err(Error::Unauthorized { .. }) => {
-                self.refresh().await?.upload(path, data.into()).await
-            }
-            r => r,
-        }
-    }
-
     /// Upload a stream to `path`. The stream is consumed by the first attempt, so the token
     /// is checked first by a cheap authenticated call.
     pub(crate) async fn upload_stream(&self, path: &str, data: ByteStream) -> Result<()> {
