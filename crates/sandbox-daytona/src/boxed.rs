@@ -10,7 +10,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use sandbox_core::posix;
-use sandbox_core::scripted::{self, STAGE_PREFIX, ScriptRunner};
+use sandbox_core::scripted::{self, ScriptRunner};
 use sandbox_core::stream::{self, ByteStream};
 use sandbox_core::{
     BoxHandle, Captured, CapturedOutput, CommonState, Error, ExecRequest, ExecResult,
@@ -84,32 +84,12 @@ impl fmt::Debug for DaytonaBox {
     }
 }
 
-/// Move the uploaded file `$3` (in the root) to `$2` under root `$1` with mode `$4`; a
-/// symlinked parent is refused.
-const PLACE_SCRIPT: &str = r#"
-R=$1; p=$2; src=$3; d=$R/$p; d=${d%/*}
-mkdir -p -- "$d" || { rm -f -- "$src"; exit 1; }
-[ -L "$d" ] && { rm -f -- "$src"; echo "symlink parent" >&2; exit 5; }
-chmod "$4" "$src" && mv -f -- "$src" "$R/$p" || { rm -f -- "$src"; exit 1; }
-"#;
-
 /// Run `sh -c <script> sandbox <args…>` (from `$2` on) with its stdout in the file `$1`;
 /// print `data` when it exited 0 having written something, else remove the file. Exits
 /// with the script's status.
 const TO_FILE_SCRIPT: &str = r#"o=$1; shift; "$@" > "$o"; c=$?
 if [ "$c" -eq 0 ] && [ -s "$o" ]; then echo data; else rm -f -- "$o"; fi
 exit "$c""#;
-
-/// `PLACE_SCRIPT`'s exit 5: a symlinked parent.
-fn place_errors(code: i32, stderr: &str) -> Option<Error> {
-    let what = stderr.trim();
-    (code == 5).then(|| {
-        Error::unsafe_archive(
-            what,
-            format!("would write through a symlink in the workspace ({what})"),
-        )
-    })
-}
 
 /// Single-quote `s` for `sh`.
 pub(crate) fn quote(s: &str) -> String {
@@ -595,31 +575,7 @@ impl BoxHandle for DaytonaBox {
     }
 
     async fn write_file(&self, path: &RelPath, data: Bytes, mode: u32) -> Result<()> {
-        let mode = format!("{:04o}", mode & 0o7777);
-        let toolbox = self.toolbox()?;
-        // Uploaded beside the workspace's files (a staging name listings skip), then moved
-        // into place by a command that refuses a symlinked parent.
-        let tmp = format!(
-            "{}/{STAGE_PREFIX}w-{}",
-            self.config.root.trim_end_matches('/'),
-            uuid::Uuid::new_v4().simple()
-        );
-        self.shared.api.upload(&toolbox, &tmp, data).await?;
-        self.script_with(
-            "write",
-            PLACE_SCRIPT,
-            vec![
-                self.config.root.clone(),
-                path.as_str().to_owned(),
-                tmp,
-                mode,
-            ],
-            Stdin::None,
-            OutputLimits::both(OUTPUT_CAP),
-            place_errors,
-        )
-        .await
-        .map(drop)
+        scripted::write_file(self, path, data, mode).await
     }
 
     async fn remove(&self, paths: &[RelPath]) -> Result<()> {
@@ -631,6 +587,17 @@ impl BoxHandle for DaytonaBox {
 impl ScriptRunner for DaytonaBox {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    /// Archives and files go through the toolbox's `POST /files/upload` (binary-safe, unlike
+    /// a command's text output).
+    fn can_upload(&self) -> bool {
+        true
+    }
+
+    async fn upload(&self, path: &str, data: ByteStream) -> Result<()> {
+        let data = stream::collect(data, IMPORT_LIMIT).await?;
+        self.shared.api.upload(&self.toolbox()?, path, data).await
     }
 
     fn root(&self) -> &str {
