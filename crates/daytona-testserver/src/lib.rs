@@ -111,6 +111,11 @@ fn serve(listener: TcpListener, app: axum::Router, mut stop: watch::Receiver<boo
         let shutdown = async move {
             let _ = stop.changed().await;
         };
+        // No Nagle: a command's small request and answer frames must not wait for delayed
+        // ACKs (40 ms a round trip otherwise), as on the real services' proxies.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
             .await
