@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod deadline;
 pub mod files;
 pub mod legacy;
 pub mod paths;
@@ -16,7 +17,6 @@ use axum::serve::ListenerExt as _;
 use sandboxd_proto::ProcessServiceServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -169,14 +169,15 @@ impl Server {
         });
         let stopped = stop.clone().cancelled_owned();
         let service = ProcessServiceServer::new(process::Processes::new(base, config.limits));
+        // Through axum rather than tonic's server, whose built-in deadline answers CANCELLED
+        // (see `deadline`).
+        let router = tonic::service::Routes::new(service)
+            .prepare()
+            .into_axum_router()
+            .layer(axum::middleware::from_fn(deadline::grpc_deadline));
         tasks.spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(grpc)
-                        .map(|accepted| accepted.inspect(no_delay)),
-                    stopped,
-                )
+            axum::serve(grpc.tap_io(|tcp| no_delay(tcp)), router)
+                .with_graceful_shutdown(stopped)
                 .await
                 .map_err(|e| format!("gRPC server: {e}"))
         });
