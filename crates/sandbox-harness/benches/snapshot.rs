@@ -501,6 +501,7 @@ impl Bench {
         let mut best: Option<ChildResult> = None;
         let mut rss = 0;
         for _ in 0..RUNS {
+            settle();
             let out = Command::new(&self.exe)
                 .args(args)
                 .env("SANDBOX_BENCH_STORE", &self.store)
@@ -1098,12 +1099,21 @@ fn ms(d: Duration) -> f64 {
 fn time_cmd(cmd: &str) -> f64 {
     let mut best = f64::MAX;
     for _ in 0..RUNS {
+        settle();
         let started = Instant::now();
         let status = Command::new("sh").arg("-c").arg(cmd).status().expect("sh");
         assert!(status.success(), "`{cmd}` failed");
         best = best.min(ms(started.elapsed()));
     }
     best
+}
+
+/// Before each measured run (ours and the baselines alike): write back what earlier runs left
+/// dirty, so a run never pays for its predecessor's writeback (an fsync on ext4 can wait for
+/// other files' dirty data), and every run starts from the same state.
+fn settle() {
+    let status = Command::new("sync").status().expect("sync");
+    assert!(status.success(), "sync failed");
 }
 
 /// Deterministic pseudo-random bytes (xorshift), incompressible enough for chunking.

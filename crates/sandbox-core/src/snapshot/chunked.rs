@@ -46,10 +46,16 @@ use crate::stream::{self, ByteStream};
 /// Largest bundle accepted on restore (bundles were written up to the maximum chunk size).
 const MAX_BUNDLE: usize = 64 << 20;
 
-/// Packs being uploaded at once by one snapshot, at most. What the store holds of them together
-/// is bounded by [`SnapshotSpec::upload_buffer`] as well (see [`PackWriter`]); to a store that
-/// streams, two packs in flight let one finish while the next fills.
-const MAX_PACKS_IN_FLIGHT: usize = 2;
+/// Packs whose bytes are being streamed to the store at once, at most: one finishing while the
+/// next fills. A pack whose stream has ended but whose put has not returned yet (the store
+/// making it durable: an fsync, a `PUT`'s answer) no longer counts here; such puts are bounded
+/// by [`SnapshotSpec::concurrency`], and what the store holds of them by
+/// [`SnapshotSpec::upload_buffer`] (see [`PackWriter`]).
+const MAX_PACKS_STREAMING: usize = 2;
+
+/// Files up to this size are read whole and cut in place ([`Chunker::whole_file`]); larger
+/// ones are cut as they stream, holding at most a chunk.
+const WHOLE_READ_MAX: u64 = 4 << 20;
 
 /// What the chunker learned about one exported file.
 struct FileChunks {
@@ -90,7 +96,12 @@ pub(super) async fn take(
             .await?;
         let policy = spec.policy;
         let cdc = spec.chunking;
-        let packs = PackWriter::new(spec.store.clone(), spec.pack_size, spec.upload_buffer);
+        let packs = PackWriter::new(
+            spec.store.clone(),
+            spec.pack_size,
+            spec.upload_buffer,
+            spec.concurrency,
+        );
         let chunker = tokio::task::spawn_blocking(move || {
             let mut reader = stream::blocking_reader(exported);
             Chunker { cdc, known, packs }.run(&mut reader, policy)
@@ -148,6 +159,11 @@ type PutHandle = tokio::task::JoinHandle<Result<u64>>;
 /// Appends chunks to packs, each one streamed `put` (run on the runtime) fed through a short
 /// channel: the chunker never holds more than a few chunks per open pack.
 ///
+/// At most [`MAX_PACKS_STREAMING`] packs are being fed at once; a pack's slot is free as soon
+/// as the store has read its whole stream, so the chunker goes on while the store makes that
+/// pack durable (on a local disk the fsyncs of several packs overlap the chunking instead of
+/// stalling it). Puts not yet returned are at most `concurrency`.
+///
 /// Memory bound: a store may hold up to [`WriteHints::buffered_per_put`] bytes of each put
 /// (S3 holds a pack whole for its one `PUT`). Before a chunk goes to its pack's put, the bytes
 /// the store may newly hold because of it are reserved from a budget of `upload_buffer` bytes,
@@ -162,7 +178,10 @@ struct PackWriter {
     target: u64,
     /// What the store holds of one put at most, as reserved (never more than the budget).
     held_per_put: u64,
+    /// Packs being streamed ([`MAX_PACKS_STREAMING`]).
     slots: Arc<Semaphore>,
+    /// Puts not yet returned (`SnapshotSpec::concurrency`).
+    pending: Arc<Semaphore>,
     /// The upload budget, one permit per byte.
     memory: Arc<Semaphore>,
     open: Option<OpenPack>,
@@ -180,7 +199,12 @@ struct OpenPack {
 }
 
 impl PackWriter {
-    fn new(store: Arc<dyn SnapshotStore>, pack_size: u64, upload_buffer: u64) -> Self {
+    fn new(
+        store: Arc<dyn SnapshotStore>,
+        pack_size: u64,
+        upload_buffer: u64,
+        concurrency: usize,
+    ) -> Self {
         let budget = upload_buffer.clamp(1, Semaphore::MAX_PERMITS as u64);
         let held = store.write_hints().buffered_per_put;
         let pack_size = pack_size.max(1);
@@ -195,7 +219,10 @@ impl PackWriter {
             store,
             target,
             held_per_put: held.min(budget),
-            slots: Arc::new(Semaphore::new(MAX_PACKS_IN_FLIGHT)),
+            slots: Arc::new(Semaphore::new(MAX_PACKS_STREAMING)),
+            pending: Arc::new(Semaphore::new(
+                concurrency.clamp(MAX_PACKS_STREAMING, Semaphore::MAX_PERMITS),
+            )),
             memory: Arc::new(Semaphore::new(budget as usize)),
             open: None,
             puts: Vec::new(),
@@ -251,18 +278,33 @@ impl PackWriter {
     }
 
     fn start(&mut self) -> OpenPack {
-        let permit = self
+        // A put slot first, then a stream slot: never hold a stream slot while waiting.
+        let pending = self
             .rt
-            .block_on(self.slots.clone().acquire_owned())
+            .block_on(self.pending.clone().acquire_owned())
             .expect("the semaphore is never closed");
+        let mut streaming = Some(
+            self.rt
+                .block_on(self.slots.clone().acquire_owned())
+                .expect("the semaphore is never closed"),
+        );
         let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(4);
         let id = PackId::generate();
         let store = self.store.clone();
         let reserved = Arc::new(std::sync::Mutex::new(None));
         let held = reserved.clone();
         self.puts.push(self.rt.spawn(async move {
-            let _permit = permit;
-            let data = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed();
+            let _pending = pending;
+            // The stream slot goes when the store has read the whole pack (or drops the
+            // stream); the put may go on (durability, the answer) without it.
+            let data = futures::stream::poll_fn(move |cx| {
+                let next = rx.poll_recv(cx);
+                if let std::task::Poll::Ready(None) = next {
+                    drop(streaming.take());
+                }
+                next
+            })
+            .boxed();
             let put = store.put(&id.key(), data, None).await;
             drop(held); // the store holds none of the pack any more
             put
@@ -327,6 +369,8 @@ impl Chunker {
                 };
                 let file = if size < u64::from(self.cdc.min) {
                     self.small_file(&mut entry, &path, size)?
+                } else if size <= WHOLE_READ_MAX {
+                    self.whole_file(&mut entry, &path, size)?
                 } else {
                     self.large_file(&mut entry, &path, size)?
                 };
@@ -348,6 +392,61 @@ impl Chunker {
         let r = ChunkRef::packed(hash.clone(), len, pack, offset);
         self.known.insert(hash, r.clone());
         Ok(r)
+    }
+
+    /// A file read whole into one buffer (at most [`WHOLE_READ_MAX`]): cut in place, chunks
+    /// passed on as slices of it (no copy), the whole-file hash on a thread of its own while
+    /// the chunks are hashed here. Slices are passed on only when every chunk of the file is
+    /// new, so a buffer is never kept alive for a small new chunk of a file whose other chunks
+    /// the parent has: what the packs in flight hold stays what their chunks weigh.
+    fn whole_file<R: Read>(
+        &mut self,
+        entry: &mut R,
+        path: &RelPath,
+        size: u64,
+    ) -> Result<FileChunks> {
+        let mut content = vec![0u8; size as usize];
+        entry.read_exact(&mut content).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                Error::unsafe_archive(path.as_str(), format!("exported less than {size} bytes"))
+            } else {
+                Error::io(path.as_str(), e)
+            }
+        })?;
+        let data = Bytes::from(content);
+        let cuts: Vec<(usize, usize)> =
+            fastcdc::v2020::FastCDC::new(&data, self.cdc.min, self.cdc.avg, self.cdc.max)
+                .map(|c| (c.offset, c.length))
+                .collect();
+        if let [(0, len)] = cuts[..]
+            && len == data.len()
+        {
+            let hash = blake3::hash(&data).to_hex().to_string();
+            let chunks = vec![self.place(hash.clone(), data)?];
+            return Ok(FileChunks { hash, size, chunks });
+        }
+        let (hash, hashes) = std::thread::scope(|scope| {
+            let whole = scope.spawn(|| blake3::hash(&data).to_hex().to_string());
+            let hashes: Vec<String> = cuts
+                .iter()
+                .map(|&(at, len)| blake3::hash(&data[at..at + len]).to_hex().to_string())
+                .collect();
+            whole
+                .join()
+                .map(|h| (h, hashes))
+                .map_err(|_| Error::backend("core", "chunking", "the file hasher panicked"))
+        })?;
+        let all_new = hashes.iter().all(|h| !self.known.contains_key(h));
+        let mut chunks = Vec::with_capacity(cuts.len());
+        for ((at, len), chunk_hash) in cuts.into_iter().zip(hashes) {
+            let piece = if all_new {
+                data.slice(at..at + len)
+            } else {
+                Bytes::copy_from_slice(&data[at..at + len])
+            };
+            chunks.push(self.place(chunk_hash, piece)?);
+        }
+        Ok(FileChunks { hash, size, chunks })
     }
 
     fn large_file<R: Read>(
@@ -889,7 +988,10 @@ impl Read for PieceReader<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::snapshot::BlobKey;
     use crate::snapshot::{LocalDirSnapshotStore, SnapshotStore};
     use crate::testkit::{CountingStore, holds_whole_puts};
 
@@ -906,7 +1008,7 @@ mod tests {
         let puts = tokio::task::spawn_blocking({
             let counting: Arc<dyn SnapshotStore> = counting.clone();
             move || {
-                let mut packs = PackWriter::new(counting, pack_size, upload_buffer);
+                let mut packs = PackWriter::new(counting, pack_size, upload_buffer, 8);
                 for i in 0..chunks {
                     packs
                         .append(Bytes::from(vec![i as u8; chunk]))
@@ -976,7 +1078,7 @@ mod tests {
         let (puts, placed) = tokio::task::spawn_blocking({
             let store = store.clone();
             move || {
-                let mut packs = PackWriter::new(store, target, target);
+                let mut packs = PackWriter::new(store, target, target, 8);
                 let placed: Vec<(PackId, u64)> = lens
                     .iter()
                     .map(|&n| packs.append(Bytes::from(vec![7u8; n])).expect("append"))
@@ -1025,5 +1127,141 @@ mod tests {
             assert_eq!(stored.len(), 1);
             assert_eq!(stored[0].size, total as u64);
         }
+    }
+
+    /// A store whose puts read their whole stream, then wait for `group` puts to be waiting
+    /// together before they return (so a put that has read its pack but not returned is held
+    /// open); it records the most puts unreturned at once.
+    #[derive(Debug)]
+    struct GatedStore {
+        inner: LocalDirSnapshotStore,
+        gate: tokio::sync::Barrier,
+        unreturned: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl SnapshotStore for GatedStore {
+        fn name(&self) -> &'static str {
+            "gated"
+        }
+        fn reach(&self) -> crate::reach::Reach {
+            self.inner.reach()
+        }
+        async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let n = self.inner.put(key, data, size).await?;
+            let now = self.unreturned.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(now, SeqCst);
+            self.gate.wait().await;
+            self.unreturned.fetch_sub(1, SeqCst);
+            Ok(n)
+        }
+        async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
+            self.inner.get(key).await
+        }
+        async fn exists(&self, key: &BlobKey) -> Result<bool> {
+            self.inner.exists(key).await
+        }
+        async fn delete(&self, key: &BlobKey) -> Result<()> {
+            self.inner.delete(key).await
+        }
+        fn list(&self, prefix: &str) -> crate::snapshot::BlobStream {
+            self.inner.list(prefix)
+        }
+    }
+
+    /// A pack whose stream the store has read frees its streaming slot: the chunker goes on
+    /// filling packs while earlier puts are still unanswered (an fsync, a `PUT`), up to
+    /// `concurrency` puts, never more. With the slot held to the put's return (as before),
+    /// at most two puts could be unanswered and the gate of three would never open.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn packs_keep_filling_while_earlier_puts_finish_up_to_concurrency() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let concurrency = 3;
+        let store = Arc::new(GatedStore {
+            inner: LocalDirSnapshotStore::new(dir.path()),
+            gate: tokio::sync::Barrier::new(concurrency),
+            unreturned: Default::default(),
+            most: Default::default(),
+        });
+        let puts = tokio::task::spawn_blocking({
+            let store: Arc<dyn SnapshotStore> = store.clone();
+            move || {
+                // Six packs of one 1,000-byte chunk each.
+                let mut packs = PackWriter::new(store, 1000, 1 << 20, concurrency);
+                for i in 0..6u8 {
+                    packs.append(Bytes::from(vec![i; 1000])).expect("append");
+                }
+                packs.finish(true)
+            }
+        });
+        let puts = tokio::time::timeout(Duration::from_secs(20), puts)
+            .await
+            .expect("three puts were never unanswered at once")
+            .expect("writer");
+        assert_eq!(puts.len(), 6);
+        for put in puts {
+            tokio::time::timeout(Duration::from_secs(20), put)
+                .await
+                .expect("the last puts never met at the gate")
+                .expect("join")
+                .expect("put");
+        }
+        assert_eq!(
+            store.most.load(SeqCst),
+            concurrency,
+            "puts unanswered at once"
+        );
+    }
+
+    /// Files read whole and cut in place are cut and hashed exactly as streamed ones, so a
+    /// file that grows past `WHOLE_READ_MAX` still shares its unchanged chunks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn whole_and_streamed_files_cut_the_same() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn SnapshotStore> = Arc::new(LocalDirSnapshotStore::new(dir.path()));
+        let mut content = vec![0u8; 3 << 20];
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for b in content.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        let (whole, streamed) = tokio::task::spawn_blocking(move || {
+            let path = RelPath::new("f").expect("path");
+            let size = content.len() as u64;
+            let mut chunker = Chunker {
+                cdc: super::super::Chunking::default(),
+                known: HashMap::new(),
+                packs: PackWriter::new(store, 16 << 20, 16 << 20, 8),
+            };
+            let whole = chunker
+                .whole_file(&mut &content[..], &path, size)
+                .expect("whole");
+            chunker.known.clear();
+            let streamed = chunker
+                .large_file(&mut &content[..], &path, size)
+                .expect("streamed");
+            assert!(
+                chunker
+                    .whole_file(&mut &content[..100], &path, size)
+                    .is_err(),
+                "a short file is refused"
+            );
+            drop(chunker.packs.finish(true));
+            (whole, streamed)
+        })
+        .await
+        .expect("chunker");
+        let cut = |f: &FileChunks| -> Vec<(String, u64)> {
+            f.chunks.iter().map(|c| (c.hash.clone(), c.len)).collect()
+        };
+        assert!(whole.chunks.len() > 2, "{} chunks", whole.chunks.len());
+        assert_eq!(cut(&whole), cut(&streamed));
+        assert_eq!(whole.hash, streamed.hash);
+        assert_eq!(whole.size, streamed.size);
     }
 }

@@ -141,7 +141,9 @@ pub struct SnapshotSpec {
     pub keep_last: usize,
     /// Chunk sizes for the chunked format.
     pub chunking: Chunking,
-    /// Concurrent chunk uploads. Default 8.
+    /// Pack uploads (chunked format) not yet returned, at most: a pack whose bytes the store
+    /// has all read may still be waiting to be made durable (a local fsync) or for the
+    /// store's answer while the next packs fill. At least 2. Default 8.
     pub concurrency: usize,
     /// Chunks fetched ahead while restoring. Each costs up to a chunk of memory (and, with
     /// glibc's per-thread arenas, about as much again): the default 2 keeps a restore of a
@@ -213,9 +215,9 @@ impl SnapshotSpec {
         self
     }
 
-    /// Set how many blob uploads run at once.
+    /// Set how many pack uploads may be unanswered at once (see [`SnapshotSpec::concurrency`]).
     pub fn concurrency(mut self, n: usize) -> Self {
-        self.concurrency = n.max(1);
+        self.concurrency = n.max(2);
         self
     }
 
