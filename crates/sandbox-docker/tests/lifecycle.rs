@@ -198,11 +198,12 @@ async fn host_data_behind_mounts_survives_replace_restore_destroy_and_gc() {
             .snapshot
             .is_some()
     );
-    for blob in sandbox_core::snapshot::SnapshotStoreExt::list_all(&*env.snapshots, "snapshots/")
+    // Every archive (tar format) and pack (chunked, the default) replaced.
+    for blob in sandbox_core::snapshot::SnapshotStoreExt::list_all(&*env.snapshots, "")
         .await
         .expect("list")
     {
-        if blob.key.as_str().ends_with(".tar") {
+        if blob.key.as_str().ends_with(".tar") || blob.key.as_str().starts_with("packs/") {
             sandbox_core::snapshot::SnapshotStoreExt::put_bytes(
                 &*env.snapshots,
                 &blob.key,

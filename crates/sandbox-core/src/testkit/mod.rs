@@ -177,7 +177,7 @@ impl Env {
     }
 
     /// A manager over a new client of `fx` with the kit's spec and this scenario's snapshot
-    /// store (tar format).
+    /// store (the default format).
     pub async fn snapshotting(
         &self,
         fx: &dyn Fixture,
@@ -731,9 +731,16 @@ pub async fn exec_basics(fx: &dyn Fixture) {
 /// start), the stored state is left alone, and the previous snapshot still restores.
 pub async fn hostile_snapshot_rejected(fx: &dyn Fixture) {
     let env = Env::of(fx).await;
-    let m = env
-        .snapshotting(fx, Persistence::Ephemeral, IsolationScope::Session)
-        .await;
+    // A tar-format snapshot's archive replaced by hostile ones (the chunked format's tampered
+    // chunks: `chunked_incremental_across_replicas`).
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        SandboxConfig::new(spec()).snapshots(
+            env.snapshot_spec()
+                .format(crate::snapshot::SnapshotFormat::Tar),
+        ),
+    );
     let ctx = env.ctx().session("hostile");
     let r1 = call(&m, &ctx, |sb| async move {
         sh(&sb, "echo v1 > v.txt").await;
@@ -1041,7 +1048,7 @@ pub async fn bind_mounts_are_not_archived(fx: &dyn Fixture) {
         .snapshot
         .clone()
         .expect("snapshot");
-    let names = tar_names(&*env.snapshots, &archive_of(&env, &snap).await).await;
+    let names = snapshot_names(&env, &snap).await;
     assert!(
         names.iter().all(|n| !n.starts_with("mnt")),
         "bind mount archived: {names:?}"
@@ -1073,22 +1080,14 @@ async fn archive_of(env: &Env, snap: &crate::snapshot::SnapshotRef) -> BlobKey {
     .expect("key")
 }
 
-async fn tar_names(store: &dyn SnapshotStore, key: &BlobKey) -> Vec<String> {
-    let bytes = stream::collect(store.get(key).await.expect("get"), 1 << 30)
+/// The paths a snapshot holds (its manifest's entries, in any format).
+async fn snapshot_names(env: &Env, snap: &crate::snapshot::SnapshotRef) -> Vec<String> {
+    crate::snapshot::load_manifest(&env.snapshot_spec(), snap)
         .await
-        .expect("collect");
-    let mut archive = tar::Archive::new(&bytes[..]);
-    archive
-        .entries()
-        .expect("entries")
-        .map(|e| {
-            e.expect("entry")
-                .path()
-                .expect("path")
-                .to_string_lossy()
-                .trim_end_matches('/')
-                .to_owned()
-        })
+        .expect("manifest")
+        .entries
+        .iter()
+        .map(|e| e.path.as_str().to_owned())
         .collect()
 }
 
