@@ -265,23 +265,34 @@ pub async fn list(runner: &dyn ScriptRunner) -> Result<Vec<TreeEntry>> {
     Ok(entries)
 }
 
+/// Bytes of paths an export passes as command arguments, at most. A longer list (a snapshot
+/// of many changed files) exports the whole tree and keeps only the listed paths on the way:
+/// Linux caps one argument at 128 KiB, and some runners pass the whole command as one.
+pub const MAX_PATH_ARG_BYTES: usize = 32 << 10;
+
 /// The workspace (or the requested part) as a sanitized tar stream.
 pub async fn export(runner: &dyn ScriptRunner, request: &ExportRequest) -> Result<ByteStream> {
     let excludes = Excludes::new(request.exclude.clone(), &request.exclude_globs)?;
     let mut args = vec![runner.root().to_owned()];
-    match &request.paths {
+    let mut keep = None;
+    let listed: Option<Vec<&RelPath>> = request
+        .paths
+        .as_ref()
+        .map(|paths| paths.iter().filter(|p| !excludes.covers(p)).collect());
+    match listed {
         None => args.push("all".into()),
+        Some(paths)
+            if paths.iter().map(|p| p.as_str().len() + 1).sum::<usize>() > MAX_PATH_ARG_BYTES =>
+        {
+            args.push("all".into());
+            keep = Some(paths.into_iter().cloned().collect::<HashSet<RelPath>>());
+        }
         Some(paths) => {
             args.push("some".into());
-            args.extend(
-                paths
-                    .iter()
-                    .filter(|p| !excludes.covers(p))
-                    .map(|p| p.as_str().to_owned()),
-            );
+            args.extend(paths.iter().map(|p| p.as_str().to_owned()));
         }
     }
-    if request.paths.is_none() && !root_exists(runner).await? {
+    if args[1] == "all" && !root_exists(runner).await? {
         return Err(Error::NotFound {
             what: "workspace root",
             key: runner.root().to_owned(),
@@ -290,7 +301,7 @@ pub async fn export(runner: &dyn ScriptRunner, request: &ExportRequest) -> Resul
     let raw = runner
         .stream_script("export", EXPORT_SCRIPT, args, None, export_errors)
         .await?;
-    Ok(filter_export(runner.backend(), raw, excludes))
+    Ok(filter_export(runner.backend(), raw, excludes, keep))
 }
 
 /// Apply a (validated) tar stream: `Merge` after checking the live parents it writes
@@ -462,8 +473,27 @@ pub async fn write_file(
 }
 
 /// The box's `tar` output (names like `./a/b`) without excluded paths and staging
-/// directories, validated and re-emitted canonically by core.
-pub fn filter_export(backend: &'static str, raw: ByteStream, excludes: Excludes) -> ByteStream {
+/// directories — and, given `keep`, only the entries that are or lie under one of those paths
+/// — validated and re-emitted canonically by core.
+pub fn filter_export(
+    backend: &'static str,
+    raw: ByteStream,
+    excludes: Excludes,
+    keep: Option<HashSet<RelPath>>,
+) -> ByteStream {
+    let kept = move |path: &RelPath| {
+        let Some(keep) = &keep else {
+            return true;
+        };
+        let mut at = Some(path.clone());
+        while let Some(p) = at {
+            if keep.contains(&p) {
+                return true;
+            }
+            at = p.parent();
+        }
+        false
+    };
     let filtered = stream::spawn_writer(8, move |w| {
         let mut archive = tar::Archive::new(stream::blocking_reader(raw));
         let mut out = tar::Builder::new(w);
@@ -486,7 +516,7 @@ pub fn filter_export(backend: &'static str, raw: ByteStream, excludes: Excludes)
             let Ok(path) = RelPath::new(trimmed) else {
                 continue;
             };
-            if in_stage(&path) || excludes.covers(&path) {
+            if in_stage(&path) || excludes.covers(&path) || !kept(&path) {
                 continue;
             }
             // A fresh header: the box's carries its own name bytes, which a shorter name
@@ -607,7 +637,7 @@ mod tests {
         ]);
         let excludes =
             Excludes::new(vec![RelPath::new("skip").unwrap()], &["**/*.log".into()]).unwrap();
-        let out: Vec<Bytes> = filter_export("test", stream::once(raw), excludes)
+        let out: Vec<Bytes> = filter_export("test", stream::once(raw), excludes, None)
             .try_collect()
             .await
             .unwrap();
@@ -619,9 +649,10 @@ mod tests {
     async fn export_filter_reports_a_corrupt_stream() {
         let mut raw = tar_of(&[("./a.txt", Some("aaaa"))]);
         raw.truncate(600);
-        let res: Result<Vec<Bytes>> = filter_export("test", stream::once(raw), Excludes::default())
-            .try_collect()
-            .await;
+        let res: Result<Vec<Bytes>> =
+            filter_export("test", stream::once(raw), Excludes::default(), None)
+                .try_collect()
+                .await;
         assert!(res.is_err());
     }
 
@@ -639,5 +670,163 @@ mod tests {
             .map(|p| p.as_str().to_owned())
             .collect();
         assert_eq!(needed, ["old", "old/sub"]);
+    }
+
+    /// Runs the scripts with the host's `sh` and `tar` in a directory; records the longest
+    /// argument list it was given.
+    struct HostRunner {
+        root: String,
+        most_arg_bytes: std::sync::atomic::AtomicUsize,
+    }
+
+    impl HostRunner {
+        async fn run(&self, script: &str, args: &[String]) -> Result<std::process::Output> {
+            let bytes = args.iter().map(|a| a.len() + 1).sum();
+            self.most_arg_bytes
+                .fetch_max(bytes, std::sync::atomic::Ordering::SeqCst);
+            let out = tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(script)
+                .arg("sandbox")
+                .args(args)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await
+                .map_err(|e| Error::io("sh", e))?;
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok(out)
+        }
+    }
+
+    #[async_trait]
+    impl ScriptRunner for HostRunner {
+        fn backend(&self) -> &'static str {
+            "host"
+        }
+        fn root(&self) -> &str {
+            &self.root
+        }
+        async fn script(
+            &self,
+            _: &'static str,
+            script: &str,
+            args: Vec<String>,
+            _: usize,
+            _: ExitErrors,
+        ) -> Result<ExecResult> {
+            let out = self.run(script, &args).await?;
+            Ok(ExecResult {
+                exit_code: out.status.code(),
+                stdout: out.stdout.into(),
+                stderr: out.stderr.into(),
+                stdout_truncated: false,
+                stderr_truncated: false,
+                timed_out: false,
+                duration: std::time::Duration::ZERO,
+            })
+        }
+        async fn stream_script(
+            &self,
+            _: &'static str,
+            script: &str,
+            args: Vec<String>,
+            _: Option<ByteStream>,
+            _: ExitErrors,
+        ) -> Result<ByteStream> {
+            Ok(stream::once(self.run(script, &args).await?.stdout))
+        }
+    }
+
+    async fn exported_files(runner: &HostRunner, request: &ExportRequest) -> Vec<String> {
+        let out: Vec<Bytes> = export(runner, request)
+            .await
+            .expect("export")
+            .try_collect()
+            .await
+            .expect("stream");
+        let out = out.concat();
+        let mut a = tar::Archive::new(&out[..]);
+        let mut files: Vec<String> = a
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.header().entry_type().is_file())
+            .map(|e| e.path().unwrap().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// A list of paths longer than a command line takes (a first snapshot of many files)
+    /// exports the whole tree and keeps exactly the listed paths (and what lies under a listed
+    /// directory), excludes still applied; a short list is passed as arguments.
+    #[tokio::test]
+    async fn a_long_path_list_exports_the_tree_and_keeps_the_listed_paths() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("ws");
+        let mut listed = Vec::new();
+        let mut expected = Vec::new();
+        for i in 0..2000 {
+            let name = format!("d{}/{i:0>40}.txt", i % 3);
+            let path = root.join(&name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, i.to_string()).unwrap();
+            if i % 4 != 0 {
+                listed.push(RelPath::new(&name).unwrap());
+                if i % 3 != 2 {
+                    expected.push(name);
+                }
+            }
+        }
+        std::fs::create_dir_all(root.join("whole/sub")).unwrap();
+        std::fs::write(root.join("whole/sub/x"), "x").unwrap();
+        std::fs::write(root.join("wholesale"), "not under whole").unwrap();
+        listed.push(RelPath::new("whole").unwrap());
+        expected.push("whole/sub/x".into());
+        expected.sort();
+        let runner = HostRunner {
+            root: root.to_str().unwrap().to_owned(),
+            most_arg_bytes: Default::default(),
+        };
+        // Over the limit even without the excluded ones.
+        let listed_bytes: usize = listed
+            .iter()
+            .filter(|p| !p.as_str().starts_with("d2/"))
+            .map(|p| p.as_str().len() + 1)
+            .sum();
+        assert!(listed_bytes > MAX_PATH_ARG_BYTES, "{listed_bytes} bytes");
+        let mut request = ExportRequest::default();
+        request.paths = Some(listed);
+        request.exclude = vec![RelPath::new("d2").unwrap()];
+        assert_eq!(exported_files(&runner, &request).await, expected);
+        let most = runner
+            .most_arg_bytes
+            .load(std::sync::atomic::Ordering::SeqCst);
+        assert!(most < 1024, "{most} bytes of arguments");
+
+        // A short list: the listed paths as arguments.
+        runner
+            .most_arg_bytes
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+        let short = [
+            "d0/".to_owned() + &format!("{:0>40}.txt", 3),
+            "whole".into(),
+        ];
+        request.paths = Some(short.iter().map(|p| RelPath::new(p).unwrap()).collect());
+        assert_eq!(
+            exported_files(&runner, &request).await,
+            [short[0].clone(), "whole/sub/x".into()]
+        );
+        let most = runner
+            .most_arg_bytes
+            .load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            most > short[0].len() + short[1].len(),
+            "the paths went as arguments ({most} bytes)"
+        );
     }
 }

@@ -75,6 +75,13 @@ fn cli(line: &str) -> (Duration, u64) {
     (elapsed, rss)
 }
 
+/// Before a measured snapshot and its `docker cp` baseline: write back what earlier runs left
+/// dirty, so neither pays for the other's writeback (an fsync on ext4 can wait for other
+/// files' dirty data).
+fn settle() {
+    quiet("sync");
+}
+
 fn quiet(line: &str) {
     let _ = Command::new("sh").args(["-c", line]).output();
 }
@@ -251,6 +258,7 @@ async fn main() {
         let (mut bytes, mut cli_bytes, mut s_rss, mut sb_rss, mut r_rss, mut rb_rss) =
             (0, 0, 0, 0, 0, 0);
         for i in 0..3 {
+            settle();
             reset_peak();
             let t = Instant::now();
             // No parent: a full snapshot each round, as the CLI copies everything.
@@ -261,6 +269,7 @@ async fn main() {
             so.push(ms(t.elapsed()));
             s_rss = s_rss.max(peak_kib());
             bytes = snap.size;
+            settle();
             let (d, rss) = cli(&format!(
                 "docker cp {src_name}:/workspace - > {}",
                 tar.display()
@@ -388,6 +397,7 @@ async fn chunked_rows(rows: &mut Vec<Row>, image: &str, label: &str, prefix: &st
         // A fresh store each round: a first snapshot, every chunk written.
         let spec = SnapshotSpec::local_dir(dir.path().join(format!("store-{round}")))
             .format(SnapshotFormat::Chunked);
+        settle();
         reset_peak();
         let t = Instant::now();
         let taken = snapshot::take(&*src, &spec, snapshot::TakeRequest::new("bench"))
@@ -396,6 +406,7 @@ async fn chunked_rows(rows: &mut Vec<Row>, image: &str, label: &str, prefix: &st
         ours.push(ms(t.elapsed()));
         rss = rss.max(peak_kib());
         bytes = taken.bytes_written;
+        settle();
         let (d, r) = cli(&format!(
             "docker cp {name}:/workspace - > {}",
             tar.display()

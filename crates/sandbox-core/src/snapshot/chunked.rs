@@ -91,9 +91,16 @@ pub(super) async fn take(
     let mut chunked: HashMap<RelPath, FileChunks> = HashMap::new();
     let mut uploaded = 0u64;
     if !plan.changed.is_empty() {
-        let exported = handle
-            .export(&ctx.export_request(Some(plan.changed.clone())))
-            .await?;
+        // Every file to be read (a first snapshot): the whole tree, one plain export, rather
+        // than a list of every path (which a backend driven by commands would pass as
+        // arguments).
+        let files = plan
+            .entries
+            .iter()
+            .filter(|e| e.kind == EntryType::File)
+            .count();
+        let paths = (plan.changed.len() < files).then(|| plan.changed.clone());
+        let exported = handle.export(&ctx.export_request(paths)).await?;
         let policy = spec.policy;
         let cdc = spec.chunking;
         let packs = PackWriter::new(
