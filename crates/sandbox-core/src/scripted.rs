@@ -799,9 +799,11 @@ mod tests {
             .map(|p| p.as_str().len() + 1)
             .sum();
         assert!(listed_bytes > MAX_PATH_ARG_BYTES, "{listed_bytes} bytes");
-        let mut request = ExportRequest::default();
-        request.paths = Some(listed);
-        request.exclude = vec![RelPath::new("d2").unwrap()];
+        let mut request = ExportRequest {
+            paths: Some(listed),
+            exclude: vec![RelPath::new("d2").unwrap()],
+            ..Default::default()
+        };
         assert_eq!(exported_files(&runner, &request).await, expected);
         let most = runner
             .most_arg_bytes
