@@ -347,9 +347,11 @@ impl Bench {
             let mut up = f64::MAX;
             let mut down = f64::MAX;
             for _ in 0..RUNS {
+                settle();
                 up = up.min(floor.upload(ws, name).await);
                 let _ = std::fs::remove_dir_all(&empty);
                 std::fs::create_dir_all(&empty).expect("dir");
+                settle();
                 down = down.min(floor.download(name, &empty).await);
             }
             floor.clear(name).await;
@@ -424,14 +426,12 @@ impl Bench {
             ("tar -c | sha256sum", tar_sha),
             "",
         );
+        // Into an empty directory each run, as ours restores into an empty box.
         let empty = self.root.join(format!("{name}-tar-x"));
-        let _ = std::fs::remove_dir_all(&empty);
-        std::fs::create_dir_all(&empty).expect("dir");
-        let tar_x = time_cmd(&format!(
-            "tar -xf {} -C {}",
-            tar_file.display(),
-            empty.display()
-        ));
+        let tar_x = time_cmd_after(
+            &format!("rm -rf {0} && mkdir {0}", empty.display()),
+            &format!("tar -xf {} -C {}", tar_file.display(), empty.display()),
+        );
         let _ = std::fs::remove_dir_all(&empty);
         let _ = std::fs::remove_file(&tar_file);
         self.push(
@@ -1097,8 +1097,19 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn time_cmd(cmd: &str) -> f64 {
+    time_cmd_after("true", cmd)
+}
+
+/// The fastest of [`RUNS`] runs of `cmd`, each after `prepare` (not timed) and [`settle`].
+fn time_cmd_after(prepare: &str, cmd: &str) -> f64 {
     let mut best = f64::MAX;
     for _ in 0..RUNS {
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(prepare)
+            .status()
+            .expect("sh");
+        assert!(status.success(), "`{prepare}` failed");
         settle();
         let started = Instant::now();
         let status = Command::new("sh").arg("-c").arg(cmd).status().expect("sh");
