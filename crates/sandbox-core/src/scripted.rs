@@ -494,6 +494,8 @@ pub fn filter_export(
         }
         false
     };
+    // A command's output comes in small frames: batched, the parser wakes per batch.
+    let raw = stream::batched(raw, stream::CHUNK);
     let filtered = stream::spawn_writer(8, move |w| {
         let mut archive = tar::Archive::new(stream::blocking_reader(raw));
         let mut out = tar::Builder::new(w);

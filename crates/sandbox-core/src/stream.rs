@@ -167,6 +167,58 @@ fn tokio_stream_from(mut rx: mpsc::Receiver<Result<Bytes>>) -> ByteStream {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
 }
 
+/// `input`, read by a task of its own on the runtime and handed on in batches of at least
+/// `min` bytes (the last one may be smaller), nothing copied. For a consumer on a blocking
+/// thread (a [`blocking_reader`]) of a stream that arrives in small frames (an HTTP body):
+/// that thread is then woken once per batch, not once per frame. Dropping the result stops
+/// the task, which drops `input`.
+pub fn batched(mut input: ByteStream, min: usize) -> ByteStream {
+    let (tx, mut rx) = mpsc::channel::<Vec<Result<Bytes>>>(2);
+    tokio::spawn(async move {
+        loop {
+            let (mut batch, mut n, mut end) = (Vec::new(), 0, false);
+            while n < min {
+                let item = tokio::select! {
+                    biased;
+                    () = tx.closed() => return,
+                    item = input.next() => item,
+                };
+                match item {
+                    Some(Ok(chunk)) => {
+                        n += chunk.len();
+                        batch.push(Ok(chunk));
+                    }
+                    Some(Err(e)) => {
+                        batch.push(Err(e));
+                        end = true;
+                        break;
+                    }
+                    None => {
+                        end = true;
+                        break;
+                    }
+                }
+            }
+            if (!batch.is_empty() && tx.send(batch).await.is_err()) || end {
+                return;
+            }
+        }
+    });
+    let mut ready = std::collections::VecDeque::new();
+    futures::stream::poll_fn(move |cx| {
+        loop {
+            if let Some(item) = ready.pop_front() {
+                return std::task::Poll::Ready(Some(item));
+            }
+            match std::task::ready!(rx.poll_recv(cx)) {
+                Some(batch) => ready.extend(batch),
+                None => return std::task::Poll::Ready(None),
+            }
+        }
+    })
+    .boxed()
+}
+
 /// Run blocking code that writes into a [`ChannelWriter`] on a blocking thread, returning the
 /// stream right away. An error returned by `produce` ends the stream with that error.
 pub fn spawn_writer<F>(depth: usize, produce: F) -> ByteStream
@@ -193,6 +245,60 @@ pub fn blocking_reader(stream: ByteStream) -> impl io::Read + Send + 'static {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+
+    /// Batches keep every byte in order, are at least `min` bytes but the last, and the input's
+    /// error comes through last.
+    #[tokio::test]
+    async fn batched_keeps_order_and_errors_and_hands_on_whole_batches() {
+        let chunks: Vec<Result<Bytes>> = (0..100u8)
+            .map(|i| Ok(Bytes::from(vec![i; 1000])))
+            .chain([Err(Error::unsafe_archive("x", "cut"))])
+            .collect();
+        let mut out = batched(futures::stream::iter(chunks).boxed(), 4096);
+        let mut bytes = Vec::new();
+        let mut err = None;
+        while let Some(item) = out.next().await {
+            match item {
+                Ok(b) => bytes.extend_from_slice(&b),
+                Err(e) => err = Some(e),
+            }
+        }
+        let want: Vec<u8> = (0..100u8).flat_map(|i| vec![i; 1000]).collect();
+        assert_eq!(bytes, want);
+        assert!(matches!(err, Some(Error::UnsafeArchive { .. })), "{err:?}");
+    }
+
+    /// Dropping the batched stream stops its task and drops the input, even while the input
+    /// has nothing more to give.
+    #[tokio::test]
+    async fn dropping_a_batched_stream_drops_its_input() {
+        struct Guard(std::sync::Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let guard = Guard(dropped.clone());
+        let input = futures::stream::iter([Ok(Bytes::from_static(b"some"))])
+            .chain(futures::stream::pending())
+            .map(move |item| {
+                let _ = &guard;
+                item
+            })
+            .boxed();
+        let out = batched(input, 1 << 20);
+        tokio::task::yield_now().await;
+        assert!(!dropped.load(std::sync::atomic::Ordering::SeqCst));
+        drop(out);
+        for _ in 0..100 {
+            if dropped.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the input outlived the batched stream");
+    }
 
     #[tokio::test]
     async fn slices_cross_chunk_boundaries_and_stop_reading() {

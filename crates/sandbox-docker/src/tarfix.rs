@@ -71,7 +71,8 @@ pub(crate) fn export(downloads: Vec<Download>, filter: Filter) -> ByteStream {
         let mut out = builder(w);
         let mut orphans: Vec<RelPath> = Vec::new();
         for d in downloads {
-            let reader = stream::blocking_reader(d.stream);
+            // The engine's body comes in small frames: batched, this thread wakes per batch.
+            let reader = stream::blocking_reader(stream::batched(d.stream, stream::CHUNK));
             let mut sink = Sink {
                 out: &mut out,
                 orphans: &mut orphans,
