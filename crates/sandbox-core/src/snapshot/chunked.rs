@@ -58,6 +58,7 @@ const MAX_PACKS_STREAMING: usize = 2;
 const WHOLE_READ_MAX: u64 = 4 << 20;
 
 /// What the chunker learned about one exported file.
+#[derive(Clone)]
 struct FileChunks {
     hash: String,
     size: u64,
@@ -371,8 +372,17 @@ impl Chunker {
             let mut archive = tar::Archive::new(&mut *reader);
             for entry in archive.entries().map_err(|e| Error::io("export", e))? {
                 let mut entry = entry.map_err(|e| Error::io("export", e))?;
-                let Some(Checked::File { path, size }) = validator.check(&entry)? else {
-                    continue;
+                let (path, size) = match validator.check(&entry)? {
+                    Some(Checked::File { path, size }) => (path, size),
+                    // A hard link (an export of the whole tree keeps them) has its target's
+                    // content, which the validator made sure is an earlier file here.
+                    Some(Checked::HardLink { path, target }) => {
+                        if let Some(file) = out.get(&target).cloned() {
+                            out.insert(path, file);
+                        }
+                        continue;
+                    }
+                    _ => continue,
                 };
                 let file = if size < u64::from(self.cdc.min) {
                     self.small_file(&mut entry, &path, size)?
@@ -1270,5 +1280,49 @@ mod tests {
         assert_eq!(cut(&whole), cut(&streamed));
         assert_eq!(whole.hash, streamed.hash);
         assert_eq!(whole.size, streamed.size);
+    }
+
+    /// An export of the whole tree may hold hard links (the engine's archives do): a linked
+    /// path gets its target's content, so no file of the listing goes missing from the
+    /// snapshot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hard_links_take_their_targets_content() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn SnapshotStore> = Arc::new(LocalDirSnapshotStore::new(dir.path()));
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, size) in [("small", 10usize), ("big", 300_000)] {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(size as u64);
+            h.set_mode(0o644);
+            b.append_data(&mut h, name, &vec![7u8; size][..]).unwrap();
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Link);
+            h.set_size(0);
+            h.set_mode(0o644);
+            b.append_link(&mut h, format!("{name}-link"), name).unwrap();
+        }
+        let archive = b.into_inner().unwrap();
+        let (files, puts) = tokio::task::spawn_blocking(move || {
+            let chunker = Chunker {
+                cdc: super::super::Chunking::default(),
+                known: HashMap::new(),
+                packs: PackWriter::new(store, 16 << 20, 16 << 20, 8),
+            };
+            chunker.run(&mut &archive[..], ArchivePolicy::default())
+        })
+        .await
+        .expect("chunker");
+        for put in puts {
+            put.await.expect("join").expect("put");
+        }
+        let files = files.expect("chunked");
+        assert_eq!(files.len(), 4);
+        for name in ["small", "big"] {
+            let file = &files[&RelPath::new(name).unwrap()];
+            let link = &files[&RelPath::new(format!("{name}-link")).unwrap()];
+            assert_eq!((&link.hash, link.size), (&file.hash, file.size), "{name}");
+            assert_eq!(link.chunks, file.chunks, "{name}");
+        }
     }
 }

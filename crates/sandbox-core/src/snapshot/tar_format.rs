@@ -33,6 +33,7 @@ pub(super) async fn take(
         excludes: ctx.excludes.clone(),
         entries: collected.clone(),
         files: 0,
+        contents: HashMap::new(),
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(32);
     let policy = ctx.spec.policy;
@@ -112,6 +113,8 @@ struct Collect {
     excludes: archive::Excludes,
     entries: Arc<Mutex<(Vec<ManifestEntry>, u64)>>,
     files: u64,
+    /// Each file's size and hash so far, for the hard links to it.
+    contents: HashMap<RelPath, (u64, Option<String>)>,
 }
 
 impl RewriteHooks for Collect {
@@ -137,14 +140,23 @@ impl RewriteHooks for Collect {
             ),
             Checked::Dir { .. } => (EntryType::Dir, 0, None, None),
             Checked::Symlink { target, .. } => (EntryType::Symlink, 0, None, Some(target.clone())),
-            Checked::HardLink { .. } => {
-                return Err(Error::backend(
-                    "core",
-                    "snapshot",
-                    "export produced a hard link",
-                ));
+            // A second name of an earlier file (an export of the whole tree keeps hard links):
+            // a file with that content. The archive keeps the link; restore checks it.
+            Checked::HardLink { target, .. } => {
+                let Some((size, hash)) = self.contents.get(target).cloned() else {
+                    return Err(Error::backend(
+                        "core",
+                        "snapshot",
+                        format!("export produced a hard link to `{target}`, not an earlier file"),
+                    ));
+                };
+                (EntryType::File, size, hash, None)
             }
         };
+        if kind == EntryType::File {
+            self.contents
+                .insert(entry.path().clone(), (size, hash.clone()));
+        }
         if kind == EntryType::File {
             self.files += 1;
         }
@@ -226,7 +238,7 @@ impl Check {
 
 impl RewriteHooks for Check {
     fn before(&mut self, entry: &Checked, header: &tar::Header) -> Result<EmitMeta> {
-        let expected = self.lookup(entry.path())?;
+        let expected = self.lookup(entry.path())?.clone();
         let ok = match entry {
             Checked::File { size, .. } => {
                 expected.kind == EntryType::File && expected.size == *size
@@ -235,7 +247,15 @@ impl RewriteHooks for Check {
             Checked::Symlink { target, .. } => {
                 expected.kind == EntryType::Symlink && expected.link_target.as_ref() == Some(target)
             }
-            Checked::HardLink { .. } => false,
+            // The link's content is its target's, checked when the target went by: the two
+            // must have the same size and hash in the manifest.
+            Checked::HardLink { target, .. } => {
+                let (size, hash) = (expected.size, expected.hash.clone());
+                expected.kind == EntryType::File
+                    && self.lookup(target).is_ok_and(|t| {
+                        t.kind == EntryType::File && t.size == size && t.hash == hash
+                    })
+            }
         };
         if !ok {
             return Err(Error::unsafe_archive(
@@ -347,5 +367,80 @@ mod tests {
         assert!(short.unwrap_err().to_string().contains("truncated"));
         let long = stream::collect(verify_size(stream::once("archive bytes!"), 13), 100).await;
         assert!(long.unwrap_err().to_string().contains("longer"));
+    }
+
+    /// A hard link restores when the manifest gives it its target's content, and is refused
+    /// when it claims other content (a tampered manifest or archive).
+    #[tokio::test]
+    async fn a_hard_link_restores_only_as_its_targets_content() {
+        use crate::snapshot::manifest::Header;
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(3);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "a", &b"abc"[..]).unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Link);
+        h.set_size(0);
+        h.set_mode(0o644);
+        b.append_link(&mut h, "b", "a").unwrap();
+        let archive = b.into_inner().unwrap();
+        let file = |path: &str, content: &[u8]| ManifestEntry {
+            path: RelPath::new(path).unwrap(),
+            kind: EntryType::File,
+            mode: 0o644,
+            size: content.len() as u64,
+            mtime_ns: 1,
+            inode: None,
+            hash: Some(blake3::hash(content).to_hex().to_string()),
+            link_target: None,
+            chunks: Vec::new(),
+        };
+        let restore = |b_content: &'static [u8]| {
+            let entries = vec![file("a", b"abc"), file("b", b_content)];
+            let manifest = Manifest {
+                header: Header {
+                    version: 1,
+                    id: "x".into(),
+                    parent: None,
+                    format: crate::snapshot::SnapshotFormat::Tar,
+                    started_ns: 0,
+                    entries: 2,
+                    archive: None,
+                    native: None,
+                },
+                entries,
+            };
+            let hooks = Check {
+                expected: Arc::new(manifest),
+                index: None,
+                seen: 0,
+            };
+            let out = archive::rewrite_stream(
+                stream::once(archive.clone()),
+                archive::ArchivePolicy::default(),
+                hooks,
+            );
+            stream::collect(out, 1 << 20)
+        };
+        let ok = restore(b"abc").await.expect("the link restores");
+        let mut names = Vec::new();
+        for e in tar::Archive::new(&ok[..]).entries().unwrap() {
+            let e = e.unwrap();
+            names.push((
+                e.path().unwrap().display().to_string(),
+                e.header().entry_type(),
+            ));
+        }
+        assert_eq!(
+            names,
+            [
+                ("a".to_owned(), tar::EntryType::Regular),
+                ("b".to_owned(), tar::EntryType::Link)
+            ]
+        );
+        let err = restore(b"xyz").await.expect_err("other content");
+        assert!(err.to_string().contains("differs"), "{err}");
     }
 }

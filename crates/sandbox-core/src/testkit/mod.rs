@@ -1566,6 +1566,64 @@ pub async fn retention_and_gc(fx: &dyn Fixture) {
     .await;
 }
 
+/// Hard-linked files survive a snapshot in both formats: a whole-tree export holds the second
+/// path as a link to the first (the engine's archives, `tar` in a box), and the restored
+/// workspace has both paths with their content — small files and files of several chunks,
+/// on the first snapshot and on one with a parent.
+pub async fn hard_links_survive_snapshots(fx: &dyn Fixture) {
+    let env = Env::of(fx).await;
+    for format in [SnapshotFormat::Chunked, SnapshotFormat::Tar] {
+        let m = env.manager(
+            fx.client(Persistence::Ephemeral).await,
+            IsolationScope::Session,
+            SandboxConfig::new(spec()).snapshots(env.snapshot_spec().format(format)),
+        );
+        let ctx = env.ctx().session(format!("hardlinks-{format:?}"));
+        call(&m, &ctx, |sb| async move {
+            sh(
+                &sb,
+                "echo small > h1 && ln h1 h2 && head -c 600000 /dev/zero > b1 && ln b1 b2",
+            )
+            .await;
+        })
+        .await;
+        let check = "cat h1 h2 && wc -c < b1 && wc -c < b2";
+        let r = m
+            .call(&ctx, |sb| async move {
+                let out = sh(&sb, check).await;
+                sh(&sb, "echo more > h3 && ln h3 h4").await;
+                out
+            })
+            .await
+            .expect("call");
+        assert_eq!(
+            branch(&r.report),
+            StartBranch::RestoreEphemeral,
+            "{format:?}"
+        );
+        let want = "small\nsmall\n600000\n600000\n";
+        assert_eq!(squeeze(&r.value), want, "{format:?}: first snapshot");
+        // A snapshot with a parent (only the new pair changed), restored again.
+        let r = m
+            .call(&ctx, |sb| async move {
+                sh(&sb, &format!("{check} && cat h3 h4")).await
+            })
+            .await
+            .expect("call");
+        assert_eq!(
+            squeeze(&r.value),
+            format!("{want}more\nmore\n"),
+            "{format:?}: second snapshot"
+        );
+        cleanup(&m, &ctx).await;
+    }
+}
+
+/// `wc -c` pads its count with spaces on some systems.
+fn squeeze(out: &str) -> String {
+    out.lines().map(|l| format!("{}\n", l.trim())).collect()
+}
+
 /// A file rewritten through the file primitive to the same size, call after call, is
 /// snapshotted every time — also where the backend stores whole-second mtimes (an archive
 /// upload stamps its tar header's), so a rewrite in the second of the last listing keeps the
@@ -1649,7 +1707,7 @@ macro_rules! conformance_tests {
             exec_basics hostile_snapshot_rejected failed_snapshot_keeps_previous
             bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
             bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas retention_and_gc chunked_restore_reuses_live_files
-            same_size_rewrites_are_snapshotted);
+            same_size_rewrites_are_snapshotted hard_links_survive_snapshots);
     };
     (@faults [$fixture:expr] $attrs:tt $($name:ident)*) => {
         $( $crate::conformance_tests!(@fault [$fixture] $attrs $name); )*
