@@ -33,7 +33,7 @@
 //! described from what was opened, so a file swapped for a symlink meanwhile is never read
 //! through.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -85,6 +85,30 @@ impl ArchivePolicy {
     pub fn strict(mut self) -> Self {
         self.strict_symlinks = true;
         self
+    }
+}
+
+/// The paths an export asked for: an entry is kept when it is one of them or lies under one
+/// (used by backends that export more than was asked and filter on the way).
+#[derive(Debug, Clone, Default)]
+pub struct Wanted(HashSet<RelPath>);
+
+impl Wanted {
+    /// The set of `paths`.
+    pub fn new(paths: impl IntoIterator<Item = RelPath>) -> Self {
+        Wanted(paths.into_iter().collect())
+    }
+
+    /// Whether `path` is asked for (itself or through an ancestor).
+    pub fn covers(&self, path: &RelPath) -> bool {
+        let mut cur = Some(path.clone());
+        while let Some(p) = cur {
+            if self.0.contains(&p) {
+                return true;
+            }
+            cur = p.parent();
+        }
+        false
     }
 }
 

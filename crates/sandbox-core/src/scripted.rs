@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt as _;
 
-use crate::archive::{self, ArchivePolicy, Excludes};
+use crate::archive::{self, ArchivePolicy, Excludes, Wanted};
 use crate::backend::{ExportRequest, ImportMode, TreeEntry};
 use crate::error::{Error, Result};
 use crate::exec::ExecResult;
@@ -285,7 +285,7 @@ pub async fn export(runner: &dyn ScriptRunner, request: &ExportRequest) -> Resul
             if paths.iter().map(|p| p.as_str().len() + 1).sum::<usize>() > MAX_PATH_ARG_BYTES =>
         {
             args.push("all".into());
-            keep = Some(paths.into_iter().cloned().collect::<HashSet<RelPath>>());
+            keep = Some(Wanted::new(paths.into_iter().cloned()));
         }
         Some(paths) => {
             args.push("some".into());
@@ -479,21 +479,9 @@ pub fn filter_export(
     backend: &'static str,
     raw: ByteStream,
     excludes: Excludes,
-    keep: Option<HashSet<RelPath>>,
+    keep: Option<Wanted>,
 ) -> ByteStream {
-    let kept = move |path: &RelPath| {
-        let Some(keep) = &keep else {
-            return true;
-        };
-        let mut at = Some(path.clone());
-        while let Some(p) = at {
-            if keep.contains(&p) {
-                return true;
-            }
-            at = p.parent();
-        }
-        false
-    };
+    let kept = move |path: &RelPath| keep.as_ref().is_none_or(|keep| keep.covers(path));
     // A command's output comes in small frames: batched, the parser wakes per batch.
     let raw = stream::batched(raw, stream::CHUNK);
     let filtered = stream::spawn_writer(8, move |w| {

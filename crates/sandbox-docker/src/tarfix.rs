@@ -2,10 +2,10 @@
 //! workspace-relative paths and filtered (export), and core's archives filtered and checked
 //! entry by entry before the engine extracts them (import).
 
-use std::collections::HashSet;
 use std::io::{self, Read, Write};
 
 use sandbox_core::archive::Excludes;
+pub(crate) use sandbox_core::archive::Wanted;
 use sandbox_core::stream::{self, ByteStream};
 use sandbox_core::{Error, RelPath, Result};
 
@@ -23,28 +23,6 @@ pub(crate) struct Download {
     /// Workspace-relative name of the downloaded item itself; `None` for the root, which is
     /// not emitted itself.
     pub prefix: Option<RelPath>,
-}
-
-/// The paths an export asked for: an entry is kept when it is one of them or lies under one.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Wanted(HashSet<RelPath>);
-
-impl Wanted {
-    pub(crate) fn new(paths: impl IntoIterator<Item = RelPath>) -> Self {
-        Wanted(paths.into_iter().collect())
-    }
-
-    /// Whether `path` is asked for (itself or through an ancestor).
-    pub(crate) fn covers(&self, path: &RelPath) -> bool {
-        let mut cur = Some(path.clone());
-        while let Some(p) = cur {
-            if self.0.contains(&p) {
-                return true;
-            }
-            cur = p.parent();
-        }
-        false
-    }
 }
 
 /// Fetches one more engine download for a workspace path (an item of its own: the engine names

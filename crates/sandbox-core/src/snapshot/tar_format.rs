@@ -33,7 +33,7 @@ pub(super) async fn take(
         excludes: ctx.excludes.clone(),
         entries: collected.clone(),
         files: 0,
-        contents: HashMap::new(),
+        positions: None,
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(32);
     let policy = ctx.spec.policy;
@@ -113,8 +113,9 @@ struct Collect {
     excludes: archive::Excludes,
     entries: Arc<Mutex<(Vec<ManifestEntry>, u64)>>,
     files: u64,
-    /// Each file's size and hash so far, for the hard links to it.
-    contents: HashMap<RelPath, (u64, Option<String>)>,
+    /// Where each entry so far stands in `entries`, built at the first hard link (a hard
+    /// link's content is its target's) and kept up to date after.
+    positions: Option<HashMap<RelPath, usize>>,
 }
 
 impl RewriteHooks for Collect {
@@ -143,20 +144,26 @@ impl RewriteHooks for Collect {
             // A second name of an earlier file (an export of the whole tree keeps hard links):
             // a file with that content. The archive keeps the link; restore checks it.
             Checked::HardLink { target, .. } => {
-                let Some((size, hash)) = self.contents.get(target).cloned() else {
+                let guard = self.entries.lock().expect("entries");
+                let positions = self.positions.get_or_insert_with(|| {
+                    (guard.0.iter().enumerate())
+                        .map(|(i, e)| (e.path.clone(), i))
+                        .collect()
+                });
+                let linked = positions
+                    .get(target)
+                    .map(|&i| &guard.0[i])
+                    .filter(|t| t.kind == EntryType::File);
+                let Some(linked) = linked else {
                     return Err(Error::backend(
                         "core",
                         "snapshot",
                         format!("export produced a hard link to `{target}`, not an earlier file"),
                     ));
                 };
-                (EntryType::File, size, hash, None)
+                (EntryType::File, linked.size, linked.hash.clone(), None)
             }
         };
-        if kind == EntryType::File {
-            self.contents
-                .insert(entry.path().clone(), (size, hash.clone()));
-        }
         if kind == EntryType::File {
             self.files += 1;
         }
@@ -166,6 +173,9 @@ impl RewriteHooks for Collect {
         let precise =
             listed.filter(|l| l.kind == kind && (kind != EntryType::File || l.size == size));
         let mut guard = self.entries.lock().expect("entries");
+        if let Some(positions) = &mut self.positions {
+            positions.insert(entry.path().clone(), guard.0.len());
+        }
         guard.0.push(ManifestEntry {
             path: entry.path().clone(),
             kind,
@@ -216,7 +226,8 @@ struct Check {
 }
 
 impl Check {
-    fn lookup(&mut self, path: &RelPath) -> Result<&ManifestEntry> {
+    /// The position of `path`'s entry in the manifest.
+    fn position(&mut self, path: &RelPath) -> Result<usize> {
         let manifest = &self.expected;
         let index = self.index.get_or_insert_with(|| {
             manifest
@@ -226,19 +237,27 @@ impl Check {
                 .map(|(i, e)| (e.path.clone(), i))
                 .collect()
         });
-        match index.get(path) {
-            Some(&i) => Ok(&self.expected.entries[i]),
-            None => Err(Error::unsafe_archive(
-                path.as_str(),
-                "not in the snapshot's manifest",
-            )),
-        }
+        index
+            .get(path)
+            .copied()
+            .ok_or_else(|| Error::unsafe_archive(path.as_str(), "not in the snapshot's manifest"))
+    }
+
+    fn lookup(&mut self, path: &RelPath) -> Result<&ManifestEntry> {
+        let i = self.position(path)?;
+        Ok(&self.expected.entries[i])
     }
 }
 
 impl RewriteHooks for Check {
     fn before(&mut self, entry: &Checked, header: &tar::Header) -> Result<EmitMeta> {
-        let expected = self.lookup(entry.path())?.clone();
+        let at = self.position(entry.path())?;
+        // The target's position first: a hard link needs both entries.
+        let target_at = match entry {
+            Checked::HardLink { target, .. } => Some(self.position(target)?),
+            _ => None,
+        };
+        let expected = &self.expected.entries[at];
         let ok = match entry {
             Checked::File { size, .. } => {
                 expected.kind == EntryType::File && expected.size == *size
@@ -249,12 +268,12 @@ impl RewriteHooks for Check {
             }
             // The link's content is its target's, checked when the target went by: the two
             // must have the same size and hash in the manifest.
-            Checked::HardLink { target, .. } => {
-                let (size, hash) = (expected.size, expected.hash.clone());
+            Checked::HardLink { .. } => {
+                let t = &self.expected.entries[target_at.expect("set for hard links")];
                 expected.kind == EntryType::File
-                    && self.lookup(target).is_ok_and(|t| {
-                        t.kind == EntryType::File && t.size == size && t.hash == hash
-                    })
+                    && t.kind == EntryType::File
+                    && t.size == expected.size
+                    && t.hash == expected.hash
             }
         };
         if !ok {
