@@ -20,6 +20,10 @@ pub enum ErrorKind {
     NotFound,
     /// Something else holds the name, the slot or a newer version.
     Conflict,
+    /// The call's lease on its key was lost or superseded (it expired, or a newer holder
+    /// took the key over): [`Error::LeaseLost`] and [`Error::StaleLease`]. The message says
+    /// what was written before the loss was found out; the state was not advanced.
+    LeaseLost,
     /// An operation ran out of time.
     Timeout,
     /// The caller passed something unacceptable (bad path, bad spec, bad archive).
@@ -72,8 +76,9 @@ pub enum Error {
     },
 
     /// The call's lease on its key was lost (it expired, or another holder took the key over)
-    /// while the call ran: the call stopped before writing anything and left the box to the
-    /// new holder.
+    /// while the call ran: the call did not save its state (the key's stored state is the one
+    /// before the call) and left the box to the new holder. `reason` says when it was found
+    /// out and what had been written by then (e.g. a snapshot that no state references).
     #[error("the lease on {key} was lost: {reason}")]
     LeaseLost {
         /// The isolation key.
@@ -217,9 +222,8 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::NotFound { .. } => ErrorKind::NotFound,
-            Error::Conflict { .. } | Error::StaleLease { .. } | Error::LeaseLost { .. } => {
-                ErrorKind::Conflict
-            }
+            Error::Conflict { .. } => ErrorKind::Conflict,
+            Error::StaleLease { .. } | Error::LeaseLost { .. } => ErrorKind::LeaseLost,
             Error::Timeout { .. } => ErrorKind::Timeout,
             Error::InvalidInput { .. } | Error::PathEscape { .. } | Error::UnsafeArchive { .. } => {
                 ErrorKind::InvalidInput
@@ -355,5 +359,30 @@ mod tests {
             .is_retryable()
         );
         assert!(!Error::invalid("spec", "bad").is_retryable());
+    }
+
+    #[test]
+    fn a_lost_lease_has_its_own_kind() {
+        let lost = Error::LeaseLost {
+            key: "k".into(),
+            reason: "found out".into(),
+        };
+        assert_eq!(lost.kind(), ErrorKind::LeaseLost);
+        assert!(
+            lost.is_retryable(),
+            "a call whose lease was lost may run again"
+        );
+        let stale = Error::StaleLease {
+            key: "k".into(),
+            token: 1,
+            current: 2,
+        };
+        assert_eq!(stale.kind(), ErrorKind::LeaseLost);
+        assert!(!stale.is_retryable(), "a stale holder must not write again");
+        let conflict = Error::Conflict {
+            key: "k".into(),
+            reason: "taken".into(),
+        };
+        assert_eq!(conflict.kind(), ErrorKind::Conflict);
     }
 }

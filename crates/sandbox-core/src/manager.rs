@@ -567,7 +567,9 @@ impl SandboxManager {
                 Ok(report) => CallError {
                     error: Error::LeaseLost {
                         key: report.key.clone().unwrap_or_default(),
-                        reason: "lost while the call ran".into(),
+                        reason: "found out while the call ran: the closure was dropped; the \
+                                 report says what was written"
+                            .into(),
                     },
                     report: Some(report),
                     value: None,
@@ -636,13 +638,22 @@ impl SandboxManager {
             }
         }
         let store = &inner.config.snapshots.store;
+        let mut deleted = 0usize;
         for blob in store
             .list_all(&format!("snapshots/{}/", key.digest()))
             .await?
         {
             if lease.is_lost() {
-                return Err(lost(&key, "the lease was lost while deleting"));
+                return Err(lost(
+                    &key,
+                    &format!(
+                        "found out while deleting: {} stored state and {} box(es) and {deleted}                          snapshot blob(s) were removed; the remaining blobs and the fence were                          left",
+                        if report.state { "the" } else { "no" },
+                        report.boxes
+                    ),
+                ));
             }
+            deleted += 1;
             if blob.key.as_str().ends_with(".manifest") {
                 report.snapshots += 1;
             }
@@ -740,6 +751,24 @@ impl SandboxManager {
             );
         }
         Ok(report)
+    }
+}
+
+/// What a call's stop wrote to the snapshot store, for an error that must say it.
+fn snapshot_written(stop: Option<&StopReport>) -> String {
+    match stop {
+        None => "no snapshot was written (the stop failed or did not run)".to_owned(),
+        Some(s) => match &s.snapshot {
+            None => "no snapshot was written (snapshots are off)".to_owned(),
+            Some(_) if s.unchanged => {
+                "no snapshot was written (nothing changed since the last one)".to_owned()
+            }
+            Some(snap) => format!(
+                "snapshot `{}` was written ({} bytes stored) but no state references it \
+                 (snapshot gc collects it)",
+                snap.id, s.bytes_written
+            ),
+        },
     }
 }
 
@@ -971,13 +1000,18 @@ impl CallInner {
         self.lease.as_ref().is_some_and(Lease::is_lost)
     }
 
-    fn lost_error(&self, when: &str) -> Error {
+    /// The call's lease was lost: `when` it was found out and `written`, what the call had
+    /// written by then (the state is never advanced after a loss).
+    fn lost_error(&self, when: &str, written: &str) -> Error {
         Error::LeaseLost {
             key: self
                 .key
                 .as_ref()
                 .map_or_else(String::new, ToString::to_string),
-            reason: format!("found out {when}; nothing was written and the box was left alone"),
+            reason: format!(
+                "found out {when}: {written}; the state was not saved (the key's stored state is \
+                 the one before this call) and the box was left alone"
+            ),
         }
     }
 
@@ -1001,7 +1035,7 @@ impl CallInner {
         let should_persist = !self.from.bypasses_store() && self.key.is_some();
         if self.lease_lost() {
             // The key is someone else's now, and so may the box be: touch neither.
-            keep(self.lost_error("before stopping"));
+            keep(self.lost_error("before stopping", "no snapshot was taken"));
             self.release_lease().await;
             report.total = self.started.elapsed();
             return (report, first_error);
@@ -1021,7 +1055,10 @@ impl CallInner {
         if let (true, Some(_), Some(json), Some(key)) =
             (should_persist, &report.stop, &report.state_json, &self.key)
         {
-            match self.save_state(key, json).await {
+            match self
+                .save_state(key, json, &snapshot_written(report.stop.as_ref()))
+                .await
+            {
                 Ok(()) => {
                     report.persisted = true;
                     tracing::info!(key = %key, "state persisted");
@@ -1048,7 +1085,10 @@ impl CallInner {
                 if report.persisted {
                     tracing::warn!(key = ?self.key, "the lease was lost after the state was saved: the box is left to gc");
                 } else {
-                    keep(self.lost_error("before releasing the box"));
+                    keep(self.lost_error(
+                        "before releasing the box",
+                        &snapshot_written(report.stop.as_ref()),
+                    ));
                 }
             } else {
                 let unsaved = report.stop.is_none() || (should_persist && !report.persisted);
@@ -1090,13 +1130,13 @@ impl CallInner {
 
     /// Save `json` under `key` with the lease's token; errors a retry may cure (a store that
     /// blinked) are retried a few times — a fenced save is idempotent.
-    async fn save_state(&self, key: &IsolationKey, json: &str) -> Result<()> {
+    async fn save_state(&self, key: &IsolationKey, json: &str, written: &str) -> Result<()> {
         let token = self.lease.as_ref().and_then(Lease::token);
         let mut pause = Duration::from_millis(100);
         let mut attempt = 1;
         loop {
             if self.lease_lost() {
-                return Err(self.lost_error("before saving the state"));
+                return Err(self.lost_error("before saving the state", written));
             }
             match self.manager.states.save(key, json, token).await {
                 Err(e) if e.is_retryable() && attempt < SAVE_ATTEMPTS => {

@@ -1000,3 +1000,147 @@ impl StateStore for FailingSaves {
         self.inner.reach()
     }
 }
+
+/// A guard over an in-process one whose leases the test can lose at will (as an expiry or a
+/// takeover would be found out by a real guard).
+#[derive(Debug, Default)]
+struct LosingGuard {
+    inner: InProcessGuard,
+    current: std::sync::Mutex<Option<tokio_util::sync::CancellationToken>>,
+}
+
+impl LosingGuard {
+    /// Lose the lease held now (if any).
+    fn lose(&self) {
+        if let Some(lost) = self.current.lock().expect("lock").as_ref() {
+            lost.cancel();
+        }
+    }
+
+    fn wrap(&self, lease: crate::guard::Lease) -> crate::guard::Lease {
+        let lost = tokio_util::sync::CancellationToken::new();
+        *self.current.lock().expect("lock") = Some(lost.clone());
+        crate::guard::Lease::new(
+            lease.key().clone(),
+            lease.token(),
+            Box::new(WrappedLease(Some(lease))),
+        )
+        .with_lost_signal(lost)
+    }
+}
+
+#[derive(Debug)]
+struct WrappedLease(Option<crate::guard::Lease>);
+
+#[async_trait]
+impl crate::guard::LeaseHandle for WrappedLease {
+    async fn release(&mut self) -> Result<()> {
+        match self.0.take() {
+            Some(lease) => lease.release().await,
+            None => Ok(()),
+        }
+    }
+    fn release_detached(&mut self) {
+        drop(self.0.take());
+    }
+}
+
+#[async_trait]
+impl SandboxExecutionGuard for LosingGuard {
+    async fn enter(&self, key: &IsolationKey) -> Result<crate::guard::Lease> {
+        Ok(self.wrap(self.inner.enter(key).await?))
+    }
+    async fn try_enter(&self, key: &IsolationKey) -> Result<Option<crate::guard::Lease>> {
+        Ok(self.inner.try_enter(key).await?.map(|l| self.wrap(l)))
+    }
+    fn reach(&self) -> Reach {
+        self.inner.reach()
+    }
+}
+
+/// A lost lease is its own kind of error ([`crate::ErrorKind::LeaseLost`]), and its message
+/// says what was written: lost while the closure ran, no snapshot was taken; lost once the
+/// snapshot was written (found out before saving the state), the snapshot is named as written
+/// and the state as not saved. Either way the stored state stays the previous call's.
+pub async fn faults_lost_lease_is_typed_and_truthful(fx: &dyn Fixture) {
+    let env = Env::of(fx).await;
+    let guard = Arc::new(LosingGuard::default());
+    let lose_at_manifest = Arc::new(AtomicBool::new(false));
+    let store = {
+        let (guard, armed) = (guard.clone(), lose_at_manifest.clone());
+        Arc::new(
+            super::HookedStore::new(env.snapshots.clone()).on_put(move |key, input| {
+                if key.as_str().ends_with(".manifest") && armed.load(Ordering::SeqCst) {
+                    // The manifest is written; the loss is found out right after.
+                    guard.lose();
+                }
+                input
+            }),
+        )
+    };
+    let config = SandboxConfig::new(spec()).snapshots(SnapshotSpec::new(store));
+    let m = SandboxManager::builder(fx.client(Persistence::Ephemeral).await)
+        .state_store(env.states.clone())
+        .guard(guard.clone())
+        .config(config)
+        .build()
+        .expect("manager");
+    let ctx = env.ctx().session("lost");
+    let key = IsolationKey::resolve(IsolationScope::Session, &ctx).expect("key");
+    m.call(&ctx, |sb| work(sb, 1)).await.expect("seed call");
+    let seeded = env.states.load(&key).await.expect("load");
+    let manifests = || async {
+        env.snapshots
+            .list_all("")
+            .await
+            .expect("list")
+            .into_iter()
+            .filter(|b| b.key.as_str().ends_with(".manifest"))
+            .count()
+    };
+    let before = manifests().await;
+
+    // Lost while the closure runs.
+    let g = guard.clone();
+    let e = m
+        .call(&ctx, |sb| async move {
+            sh(&sb, "echo v2 > v.txt").await;
+            g.lose();
+            std::future::pending::<()>().await;
+        })
+        .await
+        .expect_err("a call whose lease was lost fails");
+    assert_eq!(e.error.kind(), crate::ErrorKind::LeaseLost, "{}", e.error);
+    let shown = e.error.to_string();
+    assert!(
+        shown.contains("no snapshot was taken") && shown.contains("the state was not saved"),
+        "{shown}"
+    );
+    assert_eq!(env.states.load(&key).await.expect("load"), seeded);
+    assert_eq!(manifests().await, before, "nothing was written");
+
+    // Lost once the snapshot is written.
+    lose_at_manifest.store(true, Ordering::SeqCst);
+    let e = m
+        .call(&ctx, |sb| work(sb, 3))
+        .await
+        .expect_err("a call whose lease was lost fails");
+    lose_at_manifest.store(false, Ordering::SeqCst);
+    assert_eq!(e.error.kind(), crate::ErrorKind::LeaseLost, "{}", e.error);
+    let report = e.report.expect("the report comes back");
+    let written = report
+        .stop
+        .as_ref()
+        .and_then(|s| s.snapshot.as_ref())
+        .expect("the snapshot was taken");
+    let shown = e.error.to_string();
+    assert!(
+        shown.contains(&format!("snapshot `{}` was written", written.id))
+            && shown.contains("the state was not saved")
+            && !shown.contains("nothing was written"),
+        "{shown}"
+    );
+    assert!(!report.persisted);
+    assert_eq!(env.states.load(&key).await.expect("load"), seeded);
+    assert_eq!(manifests().await, before + 1, "the snapshot named is there");
+}

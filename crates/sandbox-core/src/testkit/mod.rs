@@ -1695,7 +1695,8 @@ macro_rules! conformance_tests {
             faults_cancellation_sweep faults_fault_sweep faults_same_key_concurrency
             faults_unserializable_state_is_reported faults_retention_after_failed_saves
             faults_gc_interleaving faults_unkeyed_calls_leave_no_snapshots
-            faults_missing_exec_features_are_refused faults_unsafe_setups_fail_at_build);
+            faults_missing_exec_features_are_refused faults_unsafe_setups_fail_at_build
+            faults_lost_lease_is_typed_and_truthful);
         $crate::conformance_tests!(@processes [$fixture] [$(#[$attr])*]
             faults_two_processes_one_key faults_stale_holder_fencing);
     };
