@@ -317,6 +317,16 @@ pub trait BoxHandle: Send + Sync + fmt::Debug + 'static {
     /// Whether the workspace root exists in the box right now.
     async fn workspace_exists(&self) -> Result<bool>;
 
+    /// Wait until nothing this handle started is still under way: every command whose future
+    /// was dropped is dead with everything it started (its kill finished), and every dropped
+    /// file operation has ended — so nothing writes to the workspace any more. Core calls it
+    /// for a cancelled call before the box is snapshotted, parked or released. An error means
+    /// something may still run (the backend could not confirm the kill). The default returns
+    /// at once: for a backend whose operations end when their futures are dropped.
+    async fn settle(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Run a command. A timeout kills the command's whole process tree inside the box and
     /// returns the output so far with `timed_out = true`.
     async fn exec(&self, request: ExecRequest) -> Result<ExecResult>;

@@ -392,3 +392,85 @@ mod tests {
         assert!(c.truncated);
     }
 }
+
+/// Counts work a box still has under way — a command (until it and everything it started
+/// is dead, also after its future was dropped: a backend's kill may run on a task of its own)
+/// or a blocking file operation — so that a cancelled call can wait until nothing it started
+/// still writes to the box ([`BoxHandle::settle`](crate::BoxHandle::settle)) before the box is
+/// snapshotted, parked or removed. Clones share the count.
+#[derive(Debug, Clone, Default)]
+pub struct Inflight {
+    count: std::sync::Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+/// One unit of work counted by an [`Inflight`], until dropped. Move it into whatever ends
+/// last (the task that kills a dropped command's tree, the blocking closure).
+#[derive(Debug)]
+#[must_use = "the work counts only while the guard lives"]
+pub struct InflightGuard {
+    count: std::sync::Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+impl Inflight {
+    /// A counter at zero.
+    pub fn new() -> Self {
+        Inflight::default()
+    }
+
+    /// Count one unit of work until the guard is dropped.
+    pub fn enter(&self) -> InflightGuard {
+        self.count.send_modify(|n| *n += 1);
+        InflightGuard {
+            count: self.count.clone(),
+        }
+    }
+
+    /// Units under way now.
+    pub fn count(&self) -> usize {
+        *self.count.borrow()
+    }
+
+    /// Wait until nothing is under way, at most `within`; `false` if something still was.
+    pub async fn idle(&self, within: Duration) -> bool {
+        let mut rx = self.count.subscribe();
+        tokio::time::timeout(within, rx.wait_for(|n| *n == 0))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.count.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+#[cfg(test)]
+mod inflight_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn idle_waits_for_every_guard() {
+        let inflight = Inflight::new();
+        assert!(inflight.idle(Duration::ZERO).await, "idle at first");
+        let a = inflight.enter();
+        let b = inflight.enter();
+        assert_eq!(inflight.count(), 2);
+        assert!(!inflight.idle(Duration::from_millis(20)).await);
+        drop(a);
+        assert!(
+            !inflight.idle(Duration::from_millis(20)).await,
+            "b is still under way"
+        );
+        let waiter = {
+            let inflight = inflight.clone();
+            tokio::spawn(async move { inflight.idle(Duration::from_secs(30)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(b);
+        assert!(
+            waiter.await.expect("waiter"),
+            "idle once the last guard is gone"
+        );
+    }
+}

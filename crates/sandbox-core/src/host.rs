@@ -42,7 +42,10 @@ use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::sync::oneshot;
 use tracing::Instrument as _;
 
-use crate::{Captured, CapturedOutput, Error, ExecResult, OutputLimits, Result, read_capped};
+use crate::{
+    Captured, CapturedOutput, Error, ExecResult, Inflight, InflightGuard, OutputLimits, Result,
+    read_capped,
+};
 
 mod tree;
 
@@ -90,6 +93,10 @@ pub struct HostCommand {
     pub timeout: Duration,
     /// Output caps.
     pub limits: OutputLimits,
+    /// Counts the command as under way until it and everything it started is dead — also
+    /// after its future was dropped, when the kill finishes on a thread — so that a box can
+    /// wait for a cancelled call's commands to die ([`crate::BoxHandle::settle`]).
+    pub counted_by: Option<Inflight>,
 }
 
 impl HostCommand {
@@ -107,7 +114,14 @@ impl HostCommand {
             stdin: None,
             timeout: Duration::from_secs(120),
             limits: OutputLimits::default(),
+            counted_by: None,
         }
+    }
+
+    /// Count the command in `inflight` until it and everything it started is dead.
+    pub fn counted_by(mut self, inflight: &Inflight) -> Self {
+        self.counted_by = Some(inflight.clone());
+        self
     }
 
     /// Set one environment variable (replacing an earlier value).
@@ -271,7 +285,9 @@ async fn spawn_and_collect(
         stdin,
         timeout,
         limits,
+        counted_by,
     } = command;
+    let counted = counted_by.as_ref().map(Inflight::enter);
     let wrapper = cgroup.as_ref().filter(|cg| cg.by_wrapper());
     let join_failed_check = wrapper.map(CommandCgroup::join_failed_line);
     let cannot_start = |e: io::Error| Error::Backend {
@@ -294,7 +310,11 @@ async fn spawn_and_collect(
     if let Some(pgid) = pgid {
         tracing::Span::current().record("pgid", pgid.as_raw());
     }
-    let mut reaper = Reaper { pgid, cgroup };
+    let mut reaper = Reaper {
+        pgid,
+        cgroup,
+        counted,
+    };
     if let Err(e) = reaper.join_from_outside(child.id()) {
         reaper.finish().await;
         let _ = child.start_kill();
@@ -517,6 +537,8 @@ fn reader_result(
 struct Reaper {
     pgid: Option<Pid>,
     cgroup: Option<CommandCgroup>,
+    /// Held until everything is dead (past a drop, on the thread that waits for it).
+    counted: Option<InflightGuard>,
 }
 
 impl Reaper {
@@ -557,9 +579,78 @@ impl Reaper {
 
 impl Drop for Reaper {
     fn drop(&mut self) {
+        let pgid = self.pgid;
         // The cgroup, if still here, finishes itself in the background when dropped.
         self.kill();
+        // Dropped before the command ended (a cancelled call): whoever counts it waits until
+        // every process is gone, which the kill only starts (a process in the middle of a
+        // write finishes that write first).
+        let (Some(counted), Some(pgid)) = (self.counted.take(), pgid) else {
+            return;
+        };
+        let cgroup = self.cgroup.take();
+        let waited = std::thread::Builder::new()
+            .name("sandbox-settle".into())
+            .spawn(move || {
+                let emptied = cgroup.is_none_or(|cg| cg.finish_blocking(SETTLE_WAIT));
+                let gone = wait_group_gone(pgid, SETTLE_WAIT);
+                if !(emptied && gone) {
+                    tracing::warn!(
+                        pgid = pgid.as_raw(),
+                        "a dropped command's processes are not all gone after {SETTLE_WAIT:?}"
+                    );
+                }
+                drop(counted);
+            });
+        if let Err(e) = waited {
+            tracing::warn!(error = %e, "cannot start a thread to wait for a dropped command");
+        }
     }
+}
+
+/// How long the thread of a dropped command waits for its processes to die.
+const SETTLE_WAIT: Duration = Duration::from_secs(10);
+
+/// Wait (blocking, at most `within`) until no live process is in group `pgid` (zombies are
+/// dead: they write nothing); whether none is.
+fn wait_group_gone(pgid: Pid, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if !group_has_live_member(pgid) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// Whether some process in group `pgid` is not a zombie (`/proc/<pid>/stat`: state is the
+/// third field, the group the fifth, after the parenthesized name). Without `/proc`, whether
+/// the group exists at all.
+fn group_has_live_member(pgid: Pid) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return killpg(pgid, None).is_ok();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| e.file_name().as_bytes().iter().all(u8::is_ascii_digit))
+        .filter_map(|e| std::fs::read(e.path().join("stat")).ok())
+        .any(|stat| {
+            let Some(close) = stat.iter().rposition(|b| *b == b')') else {
+                return false;
+            };
+            let mut fields = stat[close + 1..]
+                .split(|b| *b == b' ')
+                .filter(|f| !f.is_empty());
+            let state = fields.next();
+            let group = fields.nth(1);
+            state != Some(b"Z")
+                && group.and_then(|g| std::str::from_utf8(g).ok()?.parse::<i32>().ok())
+                    == Some(pgid.as_raw())
+        })
 }
 
 /// A reader that reports end-of-file once `stop` fires (or its sender is dropped), so that

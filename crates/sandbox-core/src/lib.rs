@@ -29,8 +29,8 @@ pub use backend::{
 };
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use exec::{
-    CappedBuffer, Captured, CapturedOutput, Command, ExecRequest, ExecResult, OutputLimits,
-    read_capped,
+    CappedBuffer, Captured, CapturedOutput, Command, ExecRequest, ExecResult, Inflight,
+    InflightGuard, OutputLimits, read_capped,
 };
 pub use guard::{
     FileGuard, FileGuardOptions, InProcessGuard, Lease, LeaseHandle, NoopGuard,
@@ -38,8 +38,8 @@ pub use guard::{
 };
 pub use isolation::{CallContext, GLOBAL_KEY, IsolationKey, IsolationScope, encode_component};
 pub use manager::{
-    Acquire, AcquiredFrom, ActiveCall, BoxGcOptions, BoxGcReport, CallError, CallReport, Called,
-    DeleteReport, Distributed, SandboxManager, SandboxManagerBuilder,
+    Acquire, AcquiredFrom, ActiveCall, BoxGcOptions, BoxGcReport, CallError, CallOptions,
+    CallReport, Called, DeleteReport, Distributed, OnCancel, SandboxManager, SandboxManagerBuilder,
 };
 pub use path::RelPath;
 pub use projection::{Projection, ProjectionOutcome};
@@ -50,8 +50,8 @@ pub use snapshot::{
 };
 pub use spec::{EntryKind, WorkspaceEntry, WorkspaceSpec, WorkspaceSpecBuilder};
 pub use state::{
-    CommonState, ProjectionRecord, STATE_SCHEMA_VERSION, SandboxState, known_state_tags,
-    state_from_json, state_to_json,
+    CancelledCall, CommonState, ProjectionRecord, STATE_SCHEMA_VERSION, SandboxState,
+    known_state_tags, state_from_json, state_to_json,
 };
 pub use state_store::{FileStateStore, MemoryStateStore, StateStore};
 

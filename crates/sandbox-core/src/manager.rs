@@ -41,7 +41,7 @@ use crate::isolation::{CallContext, IsolationKey, IsolationScope};
 use crate::reach::Reach;
 use crate::sandbox::{Sandbox, SandboxConfig, StartReport, StopReport};
 use crate::snapshot::{self, SnapshotStoreExt as _};
-use crate::state::{SandboxState, state_from_json, state_to_json};
+use crate::state::{CancelledCall, CommonState, SandboxState, state_from_json, state_to_json};
 use crate::state_store::{MemoryStateStore, StateStore};
 
 /// Where a call's sandbox comes from.
@@ -58,6 +58,59 @@ pub enum Acquire {
     /// Self-managed (the key's guard is taken: the box is the key's), but the state store is
     /// neither read nor written.
     State(Box<dyn SandboxState>),
+}
+
+/// What becomes of a call's work when its caller leaves while the closure runs (its future,
+/// or its [`ActiveCall`], is dropped unfinished).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OnCancel {
+    /// The cancelled call is a failed call: its work never becomes current. Every command it
+    /// started is killed first; the key's state stays the one before the call (recording
+    /// only that the call was cancelled, for the next call's report), an ephemeral box is
+    /// released and a kept box is restored from that state's snapshot at the next start.
+    #[default]
+    Discard,
+    /// Keep what the box holds once every command of the call is dead: it is snapshotted and
+    /// saved as the key's state, marked partial ([`CancelledCall::partial`]) with every file
+    /// the call changed listed as possibly torn; the next call's report says so.
+    KeepPartial,
+}
+
+/// Per-call options of [`SandboxManager::call_with_options`] and
+/// [`SandboxManager::begin_with`].
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct CallOptions {
+    /// Where the sandbox comes from (default: [`Acquire::Auto`]).
+    pub acquire: Acquire,
+    /// What a cancellation does with the call's work (default: [`OnCancel::Discard`]).
+    pub on_cancel: OnCancel,
+}
+
+impl CallOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        CallOptions::default()
+    }
+
+    /// Take the sandbox from `source`.
+    pub fn acquire(mut self, source: Acquire) -> Self {
+        self.acquire = source;
+        self
+    }
+
+    /// Keep the partial work of this call if its caller leaves ([`OnCancel::KeepPartial`]).
+    pub fn keep_partial_work(mut self) -> Self {
+        self.on_cancel = OnCancel::KeepPartial;
+        self
+    }
+
+    /// What a cancellation does with the call's work.
+    pub fn on_cancel(mut self, on_cancel: OnCancel) -> Self {
+        self.on_cancel = on_cancel;
+        self
+    }
 }
 
 /// Which acquire priority served a call.
@@ -105,6 +158,12 @@ pub struct CallReport {
     /// The box's final state JSON (what a caller keeps as a checkpoint). Present even when a
     /// later step failed.
     pub state_json: Option<String>,
+    /// The previous call on the key was cancelled while its closure ran (also in
+    /// [`StartReport::previous_cancelled`]): by default none of its work is in this call's
+    /// workspace; if it opted into keeping partial work
+    /// ([`OnCancel::KeepPartial`]), this call started from that work, and the files that may
+    /// be torn are listed.
+    pub previous_cancelled: Option<CancelledCall>,
     /// Wall time of the whole call.
     pub total: Duration,
 }
@@ -543,8 +602,24 @@ impl SandboxManager {
         F: FnOnce(Arc<Sandbox>) -> Fut,
         Fut: Future<Output = T>,
     {
+        self.call_with_options(ctx, CallOptions::new().acquire(source), f)
+            .await
+    }
+
+    /// [`call`](Self::call) with per-call options: where the sandbox comes from, and what a
+    /// cancellation does with the call's work ([`OnCancel`]).
+    pub async fn call_with_options<F, Fut, T>(
+        &self,
+        ctx: &CallContext,
+        options: CallOptions,
+        f: F,
+    ) -> Result<Called<T>, CallError<T>>
+    where
+        F: FnOnce(Arc<Sandbox>) -> Fut,
+        Fut: Future<Output = T>,
+    {
         let call = self
-            .begin(ctx, source)
+            .begin_with(ctx, options)
             .await
             .map_err(CallError::before_start)?;
         let lost = call.lost_signal();
@@ -579,19 +654,32 @@ impl SandboxManager {
     }
 
     /// Acquire and start a sandbox for a call; finish it with [`ActiveCall::finish`]. Dropping
-    /// an unfinished `ActiveCall` runs the post-call steps on a spawned task.
+    /// an unfinished `ActiveCall` cancels the call ([`OnCancel::Discard`]): on a spawned task,
+    /// its commands are killed and its work is not saved.
     ///
     /// Acquire and start run on their own task: if this future is dropped half-way, the step
     /// under way completes, then the box and the lease are given back without snapshotting or
     /// saving anything (a cancelled start never persists a half-made workspace).
     pub async fn begin(&self, ctx: &CallContext, source: Acquire) -> Result<ActiveCall> {
+        self.begin_with(ctx, CallOptions::new().acquire(source))
+            .await
+    }
+
+    /// [`begin`](Self::begin) with per-call options.
+    pub async fn begin_with(&self, ctx: &CallContext, options: CallOptions) -> Result<ActiveCall> {
+        let CallOptions {
+            acquire: source,
+            on_cancel,
+        } = options;
         let key = IsolationKey::resolve(self.inner.scope, ctx);
         let span = tracing::info_span!("call", agent = %ctx.agent, key = key.as_ref().map_or("-", |k| k.as_str()), backend = self.inner.client.backend());
         let manager = self.inner.clone();
         let (tx, rx) = tokio::sync::oneshot::channel::<Result<Unclaimed>>();
         let task = tokio::spawn(
             async move {
-                let begun = begin_call(manager, key, source).await.map(Unclaimed::new);
+                let begun = begin_call(manager, key, source, on_cancel)
+                    .await
+                    .map(Unclaimed::new);
                 // The caller's `Unclaimed` guard gives the box back if it is dropped unclaimed;
                 // so does this one if the caller is already gone.
                 drop(tx.send(begun));
@@ -772,6 +860,15 @@ fn snapshot_written(stop: Option<&StopReport>) -> String {
     }
 }
 
+/// How long a cancelled call waits for the commands it started to die.
+const SETTLE_WITHIN: Duration = Duration::from_secs(30);
+
+fn now_unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// Attempts at saving a state when the store reports a passing failure.
 const SAVE_ATTEMPTS: u32 = 3;
 
@@ -787,9 +884,10 @@ async fn begin_call(
     manager: Arc<Inner>,
     key: Option<IsolationKey>,
     source: Acquire,
+    on_cancel: OnCancel,
 ) -> Result<CallInner> {
     let started = Instant::now();
-    let (sandbox, from, lease) = acquire(&manager, key.as_ref(), source).await?;
+    let (sandbox, from, lease, committed) = acquire(&manager, key.as_ref(), source).await?;
     let acquire = started.elapsed();
     tracing::info!(from = ?from, ms = acquire.as_millis() as u64, "acquired");
     let mut inner = CallInner {
@@ -801,6 +899,8 @@ async fn begin_call(
         started,
         acquire,
         start: None,
+        on_cancel,
+        committed,
     };
     if !from.user_managed() {
         match inner.sandbox.start().await {
@@ -815,14 +915,19 @@ async fn begin_call(
     Ok(inner)
 }
 
-async fn acquire(
-    inner: &Inner,
-    key: Option<&IsolationKey>,
-    source: Acquire,
-) -> Result<(Arc<Sandbox>, AcquiredFrom, Option<Lease>)> {
+/// The acquired box, where it came from, the lease, and the stored state it was resumed from
+/// (what a cancelled call leaves the key at).
+type Acquired = (
+    Arc<Sandbox>,
+    AcquiredFrom,
+    Option<Lease>,
+    Option<Box<dyn SandboxState>>,
+);
+
+async fn acquire(inner: &Inner, key: Option<&IsolationKey>, source: Acquire) -> Result<Acquired> {
     let config = || inner.config.clone();
     match source {
-        Acquire::External(sandbox) => Ok((sandbox, AcquiredFrom::External, None)),
+        Acquire::External(sandbox) => Ok((sandbox, AcquiredFrom::External, None, None)),
         Acquire::State(state) => {
             // The box is the key's: serialize with other calls on it, but leave the store be.
             let lease = match key {
@@ -830,30 +935,31 @@ async fn acquire(
                 None => None,
             };
             let sandbox = Sandbox::resume(&*inner.client, config(), &*state, key).await?;
-            Ok((Arc::new(sandbox), AcquiredFrom::ExternalState, lease))
+            Ok((Arc::new(sandbox), AcquiredFrom::ExternalState, lease, None))
         }
         Acquire::Auto => {
             let Some(k) = key else {
                 let sandbox = Sandbox::create(&*inner.client, config(), None).await?;
-                return Ok((Arc::new(sandbox), AcquiredFrom::New, None));
+                return Ok((Arc::new(sandbox), AcquiredFrom::New, None, None));
             };
             let mut lease = inner.guard.enter(k).await?;
             // Registered before the state is read: from now on no earlier holder can save.
             let token = inner.states.fence(k, lease.token()).await?;
             lease.set_token(token);
-            let (sandbox, from) = match inner.states.load(k).await? {
+            let (sandbox, from, committed) = match inner.states.load(k).await? {
                 Some(json) => {
                     // Malformed or unknown state is an error, never a silent fresh start.
                     let state = state_from_json(&json)?;
                     let sandbox = Sandbox::resume(&*inner.client, config(), &*state, key).await?;
-                    (sandbox, AcquiredFrom::StateStore)
+                    (sandbox, AcquiredFrom::StateStore, Some(state))
                 }
                 None => (
                     Sandbox::create(&*inner.client, config(), key).await?,
                     AcquiredFrom::New,
+                    None,
                 ),
             };
-            Ok((Arc::new(sandbox), from, Some(lease)))
+            Ok((Arc::new(sandbox), from, Some(lease), committed))
         }
     }
 }
@@ -903,6 +1009,9 @@ struct CallInner {
     started: Instant,
     acquire: Duration,
     start: Option<StartReport>,
+    on_cancel: OnCancel,
+    /// The stored state the call resumed (priority 3): what a cancelled call leaves the key at.
+    committed: Option<Box<dyn SandboxState>>,
 }
 
 impl fmt::Debug for ActiveCall {
@@ -975,21 +1084,24 @@ impl Drop for ActiveCall {
         let Some(inner) = self.inner.take() else {
             return;
         };
-        tracing::warn!(key = ?inner.key, "call dropped before finishing: running the post-call steps in the background");
+        let at_unix_ms = now_unix_ms();
+        tracing::warn!(key = ?inner.key, on_cancel = ?inner.on_cancel, "call cancelled (dropped before finishing): settling its box in the background");
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 let span = self.span.clone();
                 rt.spawn(
                     async move {
-                        if let (_, Some(e)) = inner.finish().await {
-                            tracing::error!(error = %e, "post-call steps of a dropped call failed");
+                        if let (_, Some(e)) = inner.cancelled(at_unix_ms).await {
+                            tracing::error!(error = %e, "the steps after a cancelled call failed");
                         }
                     }
                     .instrument(span),
                 );
             }
             Err(_) => {
-                tracing::error!("no runtime to finish a dropped call: its state was not persisted")
+                tracing::error!(
+                    "no runtime to settle a cancelled call: its box was left as it was and its state was not saved"
+                )
             }
         }
     }
@@ -1015,7 +1127,16 @@ impl CallInner {
         }
     }
 
-    async fn finish(mut self) -> (CallReport, Option<Error>) {
+    async fn finish(self) -> (CallReport, Option<Error>) {
+        self.finish_with(None).await
+    }
+
+    /// The post-call steps; `cancelled` for a cancelled call that keeps its partial work
+    /// (settled already): the saved state records it, with the files it changed.
+    async fn finish_with(
+        mut self,
+        cancelled: Option<CancelledCall>,
+    ) -> (CallReport, Option<Error>) {
         let mut first_error: Option<Error> = None;
         let mut keep = |e: Error| {
             tracing::warn!(error = %e, "post-call step failed");
@@ -1030,8 +1151,13 @@ impl CallInner {
             persisted: false,
             parked: false,
             state_json: None,
+            previous_cancelled: None,
             total: Duration::ZERO,
         };
+        report.previous_cancelled = report
+            .start
+            .as_ref()
+            .and_then(|s| s.previous_cancelled.clone());
         let should_persist = !self.from.bypasses_store() && self.key.is_some();
         if self.lease_lost() {
             // The key is someone else's now, and so may the box be: touch neither.
@@ -1041,8 +1167,23 @@ impl CallInner {
             return (report, first_error);
         }
         // 1. stop: snapshot.
-        match self.sandbox.stop().await {
-            Ok(r) => report.stop = Some(r),
+        match self.sandbox.stop_listing(cancelled.is_some()).await {
+            Ok((r, changed)) => {
+                report.stop = Some(r);
+                if let Some(mut c) = cancelled {
+                    if let Some(changed) = changed {
+                        c.unlisted = changed.len().saturating_sub(CancelledCall::MAX_LISTED) as u64;
+                        c.possibly_torn = Some(
+                            changed
+                                .into_iter()
+                                .take(CancelledCall::MAX_LISTED)
+                                .map(|p| p.to_string())
+                                .collect(),
+                        );
+                    }
+                    self.sandbox.set_cancelled(Some(c));
+                }
+            }
             Err(e) => keep(e),
         }
         match state_to_json(&*self.sandbox.state()) {
@@ -1126,6 +1267,125 @@ impl CallInner {
             "call finished"
         );
         (report, first_error)
+    }
+
+    /// The caller left while the closure ran. First the box is settled: every command the
+    /// call started is killed and waited for (a user-managed box is the caller's: left as it
+    /// is). Then, with [`OnCancel::KeepPartial`], the post-call steps run with the state marked
+    /// partial; by default the call's work is discarded: the state the call started from is
+    /// saved again with the cancellation recorded (the state is not advanced), the box is
+    /// released (keyless: removed; ephemeral: removed; kept: kept, and its workspace restored
+    /// from the snapshot at the next start) and the lease given back.
+    async fn cancelled(mut self, at_unix_ms: i64) -> (CallReport, Option<Error>) {
+        let user_managed = self.from.user_managed();
+        if self.lease_lost() {
+            // The key may be someone else's now, and so may the box be: touch neither.
+            let report = self.cancelled_report();
+            let e = self.lost_error("after the call was cancelled", "no snapshot was taken");
+            self.release_lease().await;
+            return (report, Some(e));
+        }
+        let settled = if user_managed {
+            Ok(())
+        } else {
+            self.sandbox.settle(SETTLE_WITHIN).await
+        };
+        if let Err(e) = &settled {
+            tracing::error!(error = %e, "a cancelled call's commands could not be confirmed dead: its work is not kept and its box is parked");
+        }
+        if self.on_cancel == OnCancel::KeepPartial && settled.is_ok() {
+            let marker = (!user_managed).then(|| CancelledCall::new(at_unix_ms, true));
+            return self.finish_with(marker).await;
+        }
+        let mut first_error: Option<Error> = None;
+        let mut report = self.cancelled_report();
+        let should_persist = !self.from.bypasses_store() && self.key.is_some();
+        let mut recorded = false;
+        if let (true, Some(key)) = (should_persist, self.key.clone()) {
+            let saved = match self.committed_with(CancelledCall::new(at_unix_ms, false)) {
+                Ok(json) => {
+                    self.save_state(
+                        &key,
+                        &json,
+                        "no snapshot was taken (the call was cancelled)",
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            };
+            match saved {
+                Ok(()) => {
+                    recorded = true;
+                    tracing::info!(key = %key, "cancelled call recorded in the key's state; the state was not advanced");
+                }
+                Err(e) => {
+                    if matches!(e, Error::StaleLease { .. })
+                        && let Some(lease) = &self.lease
+                    {
+                        lease.mark_lost();
+                    }
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if !user_managed && !self.lease_lost() {
+            let restorable = self
+                .committed
+                .as_ref()
+                .is_some_and(|s| s.common().snapshot.is_some());
+            let r = if settled.is_err() {
+                report.parked = true;
+                self.sandbox.park().await
+            } else if self.key.is_none() || (should_persist && !recorded && restorable) {
+                // Unrecorded, a kept box would be continued as if its work were current:
+                // remove it, so the next call restores the state's snapshot.
+                self.sandbox.destroy().await
+            } else {
+                self.sandbox.shutdown().await
+            };
+            if let Err(e) = r {
+                first_error.get_or_insert(e);
+            }
+        }
+        self.release_lease().await;
+        report.total = self.started.elapsed();
+        tracing::info!(
+            ms = report.total.as_millis() as u64,
+            "cancelled call settled: its work was not kept"
+        );
+        (report, first_error)
+    }
+
+    /// The report of a cancelled call that discards its work (nothing stopped or saved).
+    fn cancelled_report(&mut self) -> CallReport {
+        let start = self.start.take();
+        CallReport {
+            key: self.key.as_ref().map(ToString::to_string),
+            acquired_from: self.from,
+            acquire: self.acquire,
+            previous_cancelled: start.as_ref().and_then(|s| s.previous_cancelled.clone()),
+            start,
+            stop: None,
+            persisted: false,
+            parked: false,
+            state_json: None,
+            total: self.started.elapsed(),
+        }
+    }
+
+    /// The state JSON the call started from (a fresh one for a new box) recording `cancelled`.
+    fn committed_with(&self, cancelled: CancelledCall) -> Result<String> {
+        let mut state = match &self.committed {
+            Some(state) => state.clone(),
+            None => {
+                let mut state = self.sandbox.state();
+                let root = state.common().workspace_root.clone();
+                *state.common_mut() = CommonState::new(root);
+                state
+            }
+        };
+        state.common_mut().cancelled = Some(cancelled);
+        state_to_json(&*state)
     }
 
     /// Save `json` under `key` with the lease's token; errors a retry may cure (a store that

@@ -11,13 +11,14 @@ use tracing::Instrument as _;
 use crate::archive::{self, PackSource};
 use crate::backend::{BoxHandle, Capabilities, CreateRequest, ImportMode, SandboxClient};
 use crate::error::Result;
+use crate::exec::Inflight;
 use crate::exec::{ExecRequest, ExecResult};
 use crate::isolation::IsolationKey;
 use crate::path::RelPath;
 use crate::projection::{self, Projection, ProjectionOutcome};
 use crate::snapshot::{self, Manifest, SnapshotRef, SnapshotSpec, TakeRequest};
 use crate::spec::{EntryKind, WorkspaceSpec};
-use crate::state::{CommonState, SandboxState};
+use crate::state::{CancelledCall, CommonState, SandboxState};
 
 /// Everything about a box that is not the backend's: its workspace layout, its snapshots and
 /// its projection.
@@ -110,8 +111,14 @@ pub struct StartReport {
     /// The snapshot restored (B, C).
     pub restored: Option<String>,
     /// Why the branch differs from what the state promised (e.g. "workspace lost and no
-    /// snapshot to restore").
+    /// snapshot to restore", or a kept box restored because the previous call was cancelled).
     pub note: Option<String>,
+    /// The previous call on this key was cancelled while its closure ran (what its state
+    /// recorded): by default its work was not kept — a kept box holding it was restored from
+    /// the last saved snapshot (branch B instead of A) — and with
+    /// [`OnCancel::KeepPartial`](crate::OnCancel::KeepPartial) the workspace is its partial
+    /// work, with the files that may be torn listed.
+    pub previous_cancelled: Option<CancelledCall>,
     /// What projection did.
     pub projection: ProjectionOutcome,
     /// Wall time.
@@ -150,6 +157,11 @@ pub struct Sandbox {
     baseline: Mutex<Option<(SnapshotRef, Arc<Manifest>)>>,
     /// What the backend can do.
     capabilities: Capabilities,
+    /// Cancelled when a cancelled call settles the box: every command still running through
+    /// [`Sandbox::exec`] (also on a task the closure spawned) is dropped, so it is killed.
+    cut: tokio_util::sync::CancellationToken,
+    /// Commands running through [`Sandbox::exec`].
+    execs: Inflight,
 }
 
 impl fmt::Debug for Sandbox {
@@ -212,6 +224,8 @@ impl Sandbox {
             lifecycle: tokio::sync::Mutex::new(()),
             baseline: Mutex::new(None),
             capabilities,
+            cut: tokio_util::sync::CancellationToken::new(),
+            execs: Inflight::new(),
         }
     }
 
@@ -278,7 +292,16 @@ impl Sandbox {
         }
         async {
             let started = Instant::now();
-            let result = self.handle.exec(request).await;
+            let _running = self.execs.enter();
+            let result = tokio::select! {
+                biased;
+                () = self.cut.cancelled() => Err(crate::Error::backend(
+                    self.backend(),
+                    "exec",
+                    "the call was cancelled: the command was killed",
+                )),
+                result = self.handle.exec(request) => result,
+            };
             match &result {
                 Ok(r) => tracing::info!(exit_code = ?r.exit_code, timed_out = r.timed_out, truncated = r.truncated(), ms = started.elapsed().as_millis() as u64, "exec done"),
                 Err(e) => tracing::warn!(error = %e, "exec failed"),
@@ -309,7 +332,18 @@ impl Sandbox {
             let exists = common.workspace_root_ready && self.handle.workspace_exists().await?;
             let mut note = None;
             let mut restored = None;
-            let branch = match (common.workspace_root_ready, exists, &common.snapshot) {
+            // A cancelled call's work in a kept box is not current: go back to the snapshot.
+            let discard = common.cancelled.as_ref().is_some_and(|c| !c.partial);
+            if discard && exists && common.snapshot.is_none() {
+                let why = "the previous call was cancelled and there is no snapshot to go back to: its work stayed in the box";
+                tracing::warn!("{why}");
+                note = Some(why.to_owned());
+            }
+            let warm = exists && !(discard && common.snapshot.is_some());
+            if exists && !warm {
+                note = Some("the previous call was cancelled: the box's unsaved work was discarded and the workspace restored from the last saved snapshot".to_owned());
+            }
+            let branch = match (common.workspace_root_ready, warm, &common.snapshot) {
                 (true, true, _) => {
                     self.apply_entries(true).await?;
                     StartBranch::Warm
@@ -335,11 +369,18 @@ impl Sandbox {
                 }
             };
             tracing::Span::current().record("branch", tracing::field::display(branch.letter()));
-            self.update(|c| c.workspace_root_ready = true);
+            self.update(|c| {
+                c.workspace_root_ready = true;
+                c.cancelled = None;
+            });
             let current = self.common().projection;
             let (record, projection) = projection::apply(&self.config.projection, &*self.handle, current.as_ref()).await?;
             self.update(|c| c.projection = record);
-            let report = StartReport { branch, restored, note, projection, duration: started.elapsed() };
+            let previous_cancelled = common.cancelled.clone();
+            if let Some(c) = &previous_cancelled {
+                tracing::warn!(partial = c.partial, possibly_torn = c.possibly_torn.as_ref().map(Vec::len), "the previous call on this key was cancelled");
+            }
+            let report = StartReport { branch, restored, note, previous_cancelled, projection, duration: started.elapsed() };
             tracing::info!(branch = %report.branch, projection = ?report.projection, ms = report.duration.as_millis() as u64, "started");
             Ok(report)
         }
@@ -349,6 +390,16 @@ impl Sandbox {
 
     /// Snapshot the workspace (if snapshots are on) and record it in the state.
     pub async fn stop(&self) -> Result<StopReport> {
+        Ok(self.stop_listing(false).await?.0)
+    }
+
+    /// [`stop`](Self::stop), and with `changes`, the files the snapshot holds that its parent
+    /// did not hold as they are (every file when there is no parent), sorted; `None` when no
+    /// snapshot was taken.
+    pub(crate) async fn stop_listing(
+        &self,
+        changes: bool,
+    ) -> Result<(StopReport, Option<Vec<RelPath>>)> {
         let _serial = self.lifecycle.lock().await;
         let span = tracing::info_span!("stop", backend = self.backend(), key = self.key_str());
         async {
@@ -360,6 +411,7 @@ impl Sandbox {
                 bytes_written: 0,
                 duration: Duration::ZERO,
             };
+            let mut changed = None;
             let common = self.common();
             let namespace = self.namespace(&common);
             if self.config.snapshots.enabled() && namespace.is_none() {
@@ -373,8 +425,12 @@ impl Sandbox {
                     projection_hash: common.projection_hash().map(str::to_owned),
                     parent: self.parent(&common).await,
                 };
+                let parent = request.parent.as_ref().map(|(_, m)| m.clone());
                 let outcome =
                     snapshot::take(&*self.handle, &self.config.snapshots, request).await?;
+                if changes {
+                    changed = Some(changed_files(parent.as_deref(), &outcome.manifest));
+                }
                 tracing::info!(
                     snapshot = %outcome.snapshot.id,
                     unchanged = outcome.unchanged,
@@ -393,10 +449,37 @@ impl Sandbox {
             self.update(|c| c.workspace_root_ready = true);
             report.duration = started.elapsed();
             tracing::info!(ms = report.duration.as_millis() as u64, "stopped");
-            Ok(report)
+            Ok((report, changed))
         }
         .instrument(span)
         .await
+    }
+
+    /// A cancelled call's first step: kill every command still running through
+    /// [`exec`](Self::exec) (also ones a task of the closure runs) and wait, at most `within`,
+    /// until they and whatever the backend still runs for this box ended
+    /// ([`BoxHandle::settle`]). Afterwards no command runs through this sandbox any more.
+    pub(crate) async fn settle(&self, within: Duration) -> Result<()> {
+        self.cut.cancel();
+        let deadline = tokio::time::Instant::now() + within;
+        if !self.execs.idle(within).await {
+            return Err(crate::Error::Timeout {
+                operation: format!("{} commands of a cancelled call ending", self.execs.count()),
+                after: within,
+            });
+        }
+        match tokio::time::timeout_at(deadline, self.handle.settle()).await {
+            Ok(r) => r,
+            Err(_) => Err(crate::Error::Timeout {
+                operation: "the backend settling a cancelled call's box".to_owned(),
+                after: within,
+            }),
+        }
+    }
+
+    /// Record in the state that this call was cancelled (what the state saved next says).
+    pub(crate) fn set_cancelled(&self, cancelled: Option<CancelledCall>) {
+        self.update(|c| c.cancelled = cancelled);
     }
 
     /// End of a self-managed call: keep or remove the box per the backend's persistence.
@@ -500,6 +583,28 @@ impl Sandbox {
             .import(archive::pack(items), ImportMode::Merge)
             .await
     }
+}
+
+/// Files of `now` that `parent` does not hold with the same content (all of `now`'s files
+/// without a parent), in `now`'s (path) order.
+fn changed_files(parent: Option<&Manifest>, now: &Manifest) -> Vec<RelPath> {
+    use crate::backend::EntryType;
+    let before: std::collections::HashMap<&RelPath, &snapshot::ManifestEntry> = parent
+        .map(|p| p.entries.iter().map(|e| (&e.path, e)).collect())
+        .unwrap_or_default();
+    now.entries
+        .iter()
+        .filter(|e| e.kind == EntryType::File)
+        .filter(|e| {
+            before.get(&e.path).is_none_or(|b| {
+                b.kind != e.kind
+                    || b.size != e.size
+                    || b.hash != e.hash
+                    || (e.hash.is_none() && b.mtime_ns != e.mtime_ns)
+            })
+        })
+        .map(|e| e.path.clone())
+        .collect()
 }
 
 /// The spec's entries (all, or only ephemeral ones) as pack items, with parent directories.

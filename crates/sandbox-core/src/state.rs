@@ -41,6 +41,55 @@ pub struct CommonState {
     /// What projection last put into this box's workspace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub projection: Option<ProjectionRecord>,
+    /// The last call on this key was cancelled (its caller left while its closure ran); the
+    /// next start reports it once ([`crate::StartReport::previous_cancelled`]) and clears it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled: Option<CancelledCall>,
+}
+
+/// A call whose caller left while its closure ran, as the state it left records it.
+///
+/// By default ([`crate::OnCancel::Discard`]) its work never became current: the state is the
+/// one before it (its snapshot was not advanced), and a kept box holding its work is restored
+/// from that snapshot at the next start. With [`crate::OnCancel::KeepPartial`], the state's
+/// snapshot holds what the box held once every command of the call was dead, and
+/// `possibly_torn` names the files that may be incomplete.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct CancelledCall {
+    /// When the caller left, ms since the epoch.
+    pub at_unix_ms: i64,
+    /// The partial work was kept (opted into per call): the snapshot holds it.
+    pub partial: bool,
+    /// With `partial`: every file the cancelled call created or changed (compared with the
+    /// snapshot it started from), sorted, at most [`CancelledCall::MAX_LISTED`]. A command
+    /// killed mid-write leaves its file cut short, and which file a kill cut is not knowable,
+    /// so every changed file is listed: a torn file is always among them. `None` when no
+    /// snapshot was taken to compare (snapshots off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub possibly_torn: Option<Vec<String>>,
+    /// How many more changed files there were than `possibly_torn` lists.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unlisted: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl CancelledCall {
+    /// Most paths [`possibly_torn`](Self::possibly_torn) lists.
+    pub const MAX_LISTED: usize = 1000;
+
+    /// A cancelled call at `at_unix_ms`, whose work was (`partial`) or was not kept.
+    pub fn new(at_unix_ms: i64, partial: bool) -> Self {
+        CancelledCall {
+            at_unix_ms,
+            partial,
+            possibly_torn: None,
+            unlisted: 0,
+        }
+    }
 }
 
 impl CommonState {
@@ -52,6 +101,7 @@ impl CommonState {
             workspace_root_ready: false,
             snapshot: None,
             projection: None,
+            cancelled: None,
         }
     }
 

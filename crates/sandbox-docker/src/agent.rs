@@ -238,7 +238,7 @@ impl Agent {
         );
         self.poisoned = true;
         // Armed until the answer is read: a cancelled call kills its command.
-        let mut reaper = exec::Reaper::new(engine, docker, container, &id, spec.user.clone());
+        let mut reaper = exec::Reaper::new(engine, docker, container, &id, spec);
         if let Err(e) = self.input.write_all(line.as_bytes()).await {
             reaper.disarm();
             return Err(AgentError::NotSent(Error::backend(
@@ -436,6 +436,7 @@ mod tests {
             stdin: None,
             limits: sandbox_core::OutputLimits::default(),
             timeout: Duration::from_secs(1),
+            counted_by: None,
         };
         assert_eq!(
             line_script(&spec),

@@ -17,7 +17,7 @@ use sandbox_core::archive::Excludes;
 use sandbox_core::posix::{self, LIST_SCRIPT, REMOVE_SCRIPT, SWAP_SCRIPT};
 use sandbox_core::stream::{self, ByteStream};
 use sandbox_core::{
-    BoxHandle, Error, ExecRequest, ExecResult, ExportRequest, ImportMode, IsolationKey,
+    BoxHandle, Error, ExecRequest, ExecResult, ExportRequest, ImportMode, Inflight, IsolationKey,
     OutputLimits, Persistence, RelPath, Result, SandboxState, TreeEntry, async_trait,
 };
 
@@ -34,6 +34,9 @@ const GO_MODE_SYMLINK: u32 = 1 << 27;
 
 /// Timeout of the backend's own helper commands.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long `settle` waits for a cancelled call's commands to be killed.
+const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
 /// Path lists up to this long are exported with one engine download per path; longer ones with
 /// one download of their deepest common directory, filtered to the list, unless the box's last
@@ -107,6 +110,9 @@ pub struct DockerBox {
     /// A background start of the agent (at boot) holds the slot: commands wait for it
     /// instead of falling back to an engine exec.
     agent_starting: Arc<AtomicBool>,
+    /// Commands until their tree is dead, also past a drop (a cancelled call's kill runs on
+    /// a task of its own): what `settle` waits for.
+    inflight: Inflight,
 }
 
 /// The box's exec agent, if one runs.
@@ -145,6 +151,7 @@ impl DockerBox {
             }),
             agent: Arc::new(tokio::sync::Mutex::new(AgentSlot::default())),
             agent_starting: Arc::new(AtomicBool::new(false)),
+            inflight: Inflight::new(),
         }
     }
 
@@ -201,6 +208,7 @@ impl DockerBox {
             stdin: None,
             limits: OutputLimits::both(256 << 20),
             timeout: HELPER_TIMEOUT,
+            counted_by: Some(self.inflight.clone()),
         })
         .await
     }
@@ -709,6 +717,21 @@ impl BoxHandle for DockerBox {
         }
     }
 
+    async fn settle(&self) -> Result<()> {
+        if self.inflight.idle(SETTLE_WITHIN).await {
+            Ok(())
+        } else {
+            Err(Error::Timeout {
+                operation: format!(
+                    "killing {} commands of a cancelled call in container {}",
+                    self.inflight.count(),
+                    self.config.name
+                ),
+                after: SETTLE_WITHIN,
+            })
+        }
+    }
+
     async fn workspace_exists(&self) -> Result<bool> {
         if self.live().lost {
             return Ok(false);
@@ -736,6 +759,7 @@ impl BoxHandle for DockerBox {
             timeout: request
                 .timeout
                 .unwrap_or(self.shared.options.default_timeout),
+            counted_by: Some(self.inflight.clone()),
         })
         .await
     }

@@ -29,7 +29,9 @@ use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bytes::Bytes;
 use futures::StreamExt;
-use sandbox_core::{CappedBuffer, CapturedOutput, Error, ExecResult, OutputLimits, Result};
+use sandbox_core::{
+    CappedBuffer, CapturedOutput, Error, ExecResult, Inflight, InflightGuard, OutputLimits, Result,
+};
 use tokio::io::AsyncWriteExt;
 
 use crate::BACKEND;
@@ -51,6 +53,8 @@ pub(crate) struct ExecSpec {
     pub stdin: Option<Bytes>,
     pub limits: OutputLimits,
     pub timeout: Duration,
+    /// Counts the command until its tree is dead, also past a drop (the box's `settle`).
+    pub counted_by: Option<Inflight>,
 }
 
 /// Reads a script from stdin up to the line `$1` and runs it; the rest of stdin is the
@@ -78,7 +82,7 @@ pub(crate) async fn run(
     let started = Instant::now();
     let marker = uuid::Uuid::new_v4().simple().to_string();
     // From here on, however this future ends, the command's tree dies with it.
-    let mut reaper = Reaper::new(engine, docker, container, &marker, spec.user.clone());
+    let mut reaper = Reaper::new(engine, docker, container, &marker, &spec);
     let end = uuid::Uuid::new_v4().simple().to_string();
     let mut header = crate::agent::script(&spec);
     header.push_str(&end);
@@ -235,6 +239,8 @@ pub(crate) struct Reaper {
     marker: String,
     user: Option<String>,
     armed: bool,
+    /// Held until the kill finished (on its task, when dropped armed).
+    counted: Option<InflightGuard>,
 }
 
 impl Reaper {
@@ -243,15 +249,16 @@ impl Reaper {
         docker: &Docker,
         container: &str,
         marker: &str,
-        user: Option<String>,
+        spec: &ExecSpec,
     ) -> Self {
         Reaper {
             engine: engine.clone(),
             docker: docker.clone(),
             container: container.to_owned(),
             marker: marker.to_owned(),
-            user,
+            user: spec.user.clone(),
             armed: true,
+            counted: spec.counted_by.as_ref().map(Inflight::enter),
         }
     }
 
@@ -268,17 +275,20 @@ impl Drop for Reaper {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (engine, docker, container, marker, user) = (
+        let (engine, docker, container, marker, user, counted) = (
             self.engine.clone(),
             self.docker.clone(),
             std::mem::take(&mut self.container),
             std::mem::take(&mut self.marker),
             self.user.take(),
+            self.counted.take(),
         );
         rt.spawn(async move {
             if let Err(e) = kill_tree(&engine, &docker, &container, &marker, user).await {
                 tracing::warn!(container, error = %e, "killing a command's processes failed");
             }
+            // The tree is dead (or could not be killed: logged): the box may settle.
+            drop(counted);
         });
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sandbox_core::host::{self, HostCommand};
-use sandbox_core::{Command, Error, ExecRequest, ExecResult, RelPath, Result};
+use sandbox_core::{Command, Error, ExecRequest, ExecResult, Inflight, RelPath, Result};
 use tracing::Instrument as _;
 
 use crate::BACKEND;
@@ -21,6 +21,7 @@ pub(crate) struct ExecContext<'a> {
     pub workspace: &'a Path,
     pub spec_env: &'a BTreeMap<String, String>,
     pub links: &'a [BindLink],
+    pub inflight: &'a Inflight,
 }
 
 /// Run `request` in the box described by `cx`.
@@ -80,7 +81,8 @@ fn host_command(
         .envs(&request.env)
         .inherit_env(inherit)
         .timeout(timeout)
-        .limits(request.limits);
+        .limits(request.limits)
+        .counted_by(cx.inflight);
     command.stdin = request.stdin;
     command
 }

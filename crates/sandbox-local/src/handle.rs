@@ -13,8 +13,8 @@ use sandbox_core::archive::{self, ArchivePolicy, Excludes};
 use sandbox_core::beneath::{Anchor, Dir, Follow};
 use sandbox_core::stream::ByteStream;
 use sandbox_core::{
-    BoxHandle, CommonState, Error, ExecRequest, ExecResult, ExportRequest, ImportMode, Persistence,
-    RelPath, Result, SandboxState, TreeEntry,
+    BoxHandle, CommonState, Error, ExecRequest, ExecResult, ExportRequest, ImportMode, Inflight,
+    Persistence, RelPath, Result, SandboxState, TreeEntry,
 };
 
 use crate::BACKEND;
@@ -38,7 +38,13 @@ struct Inner {
     options: Arc<LocalOptions>,
     spec_env: BTreeMap<String, String>,
     links: Vec<BindLink>,
+    /// Commands (until everything they started is dead) and blocking file operations still
+    /// under way, also ones whose futures were dropped: what `settle` waits for.
+    inflight: Inflight,
 }
+
+/// How long `settle` waits for a cancelled call's commands and file operations.
+const SETTLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Everything a box needs, gathered by the client.
 pub(crate) struct BoxParts {
@@ -73,6 +79,7 @@ impl LocalBox {
                 options: parts.options,
                 spec_env: parts.spec_env,
                 links: parts.links,
+                inflight: Inflight::new(),
             }),
         })
     }
@@ -84,9 +91,14 @@ impl LocalBox {
         F: FnOnce(&Inner) -> Result<T> + Send + 'static,
     {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || f(&inner))
-            .await
-            .map_err(|e| Error::backend(BACKEND, operation, e.to_string()))?
+        // Counted until the closure returns, also when this future is dropped before.
+        let counted = inner.inflight.enter();
+        tokio::task::spawn_blocking(move || {
+            let _counted = counted;
+            f(&inner)
+        })
+        .await
+        .map_err(|e| Error::backend(BACKEND, operation, e.to_string()))?
     }
 }
 
@@ -343,6 +355,20 @@ impl BoxHandle for LocalBox {
         self.blocking("destroy", Inner::remove_box).await
     }
 
+    async fn settle(&self) -> Result<()> {
+        if self.inner.inflight.idle(SETTLE_WITHIN).await {
+            Ok(())
+        } else {
+            Err(Error::Timeout {
+                operation: format!(
+                    "{} commands or file operations of a cancelled call ending",
+                    self.inner.inflight.count()
+                ),
+                after: SETTLE_WITHIN,
+            })
+        }
+    }
+
     async fn workspace_exists(&self) -> Result<bool> {
         self.blocking("workspace_exists", |i| fsutil::is_real_dir(&i.workspace))
             .await
@@ -356,6 +382,7 @@ impl BoxHandle for LocalBox {
                 workspace: &i.workspace,
                 spec_env: &i.spec_env,
                 links: &i.links,
+                inflight: &i.inflight,
             },
             request,
         )

@@ -812,6 +812,22 @@ impl CommandCgroup {
     }
 }
 
+impl CommandCgroup {
+    /// [`finish`](Self::finish) on a plain thread: kill every member and wait (blocking, at
+    /// most `within`) until the cgroup is empty; whether it emptied.
+    pub(crate) fn finish_blocking(mut self, within: Duration) -> bool {
+        let Some(mut cg) = self.cgroup.take() else {
+            return true;
+        };
+        cg.strike();
+        let emptied = cg.finish_blocking(within);
+        if !emptied {
+            cg.detach();
+        }
+        emptied
+    }
+}
+
 impl Drop for CommandCgroup {
     fn drop(&mut self) {
         let Some(mut cg) = self.cgroup.take() else {

@@ -34,6 +34,7 @@ use crate::path::RelPath;
 use crate::reach::Reach;
 use crate::sandbox::{Sandbox, SandboxConfig, StartBranch};
 use crate::snapshot::{SnapshotFormat, SnapshotSpec, SnapshotStoreExt as _};
+use crate::state::state_from_json;
 use crate::state_store::{FileStateStore, StateStore};
 
 /// What a call's closure managed to write.
@@ -207,6 +208,7 @@ impl Rig {
             seen: r.value.0,
             stored: r.value.1,
             branch: r.report.start.map(|s| s.branch),
+            previous_cancelled: r.report.previous_cancelled.is_some(),
         }
     }
 
@@ -246,6 +248,8 @@ struct NextCall {
     stored: Option<String>,
     /// How it started.
     branch: Option<StartBranch>,
+    /// Its report said the previous call was cancelled.
+    previous_cancelled: bool,
 }
 
 /// The steps of one call of the faulty manager, after a seed call.
@@ -336,8 +340,19 @@ pub async fn faults_cancellation_sweep(fx: &dyn Fixture) -> usize {
                     );
                 }
                 Phase::Closure => {
-                    assert!(v == tagged("v1") || v == tagged("v2"), "{what}: {v:?}");
-                    assert!(w == tagged("w1") || w == tagged("w2"), "{what}: {w:?}");
+                    // A call cut while its closure runs is a failed call: none of its work
+                    // becomes current, in a kept box neither, and its state is not advanced.
+                    assert_eq!(
+                        (v, w),
+                        (tagged("v1"), tagged("w1")),
+                        "{what}: a call cancelled in its closure changes nothing"
+                    );
+                    assert_eq!(
+                        next.stored.as_ref(),
+                        Some(&seeded),
+                        "{what}: and its state is not advanced"
+                    );
+                    assert!(next.previous_cancelled, "{what}: the next call is told");
                 }
                 Phase::PostCall => {
                     // I5: the dropped call's post-call steps ran to their end: its state was
@@ -1143,4 +1158,304 @@ pub async fn faults_lost_lease_is_typed_and_truthful(fx: &dyn Fixture) {
     assert!(!report.persisted);
     assert_eq!(env.states.load(&key).await.expect("load"), seeded);
     assert_eq!(manifests().await, before + 1, "the snapshot named is there");
+}
+
+/// Lines of `big.txt` the cut call appends (4 KiB each, a pause between lines).
+const BIG_LINES: usize = 24;
+/// Files the cut call writes through the file primitive after `big.txt`.
+const SMALL_FILES: usize = 4;
+
+/// The `i`-th line of `big.txt`: 4095 digits (zero-padded `i`) and a newline.
+fn big_line(i: usize) -> String {
+    format!("{i:04095}\n")
+}
+
+fn small_file(i: usize) -> (String, String) {
+    (format!("f{i}.txt"), format!("small {i}\n").repeat(64))
+}
+
+/// The work of a call that is cut inside: a command appending `big.txt` slowly (a pause
+/// between 4 KiB lines), files written through the primitive, and a final `done.txt`.
+/// Sets `started` first and `done` at its very end.
+async fn slow_work(sb: Arc<Sandbox>, started: Arc<tokio::sync::Notify>, done: Arc<AtomicBool>) {
+    started.notify_one();
+    let line = format!(
+        "i=0; while [ $i -lt {BIG_LINES} ]; do printf '%04095d\\n' $i >> big.txt; \
+         i=$((i+1)); sleep 0.01; done"
+    );
+    let r = sb
+        .exec(ExecRequest::shell(line).timeout(Duration::from_secs(120)))
+        .await
+        .expect("exec");
+    assert!(r.success(), "big.txt: {r:?}");
+    for i in 0..SMALL_FILES {
+        let (path, content) = small_file(i);
+        sb.handle()
+            .write_file(&rel(&path), Bytes::from(content), 0o644)
+            .await
+            .expect("write");
+    }
+    sh(&sb, "echo done > done.txt").await;
+    done.store(true, Ordering::SeqCst);
+}
+
+/// What the call after a cut found of the cut call's files.
+#[derive(Debug, Default)]
+struct CutSeen {
+    /// `big.txt`: its size and whether it is whole (every line, each as written).
+    big: Option<(usize, bool)>,
+    /// The small files present, and whether each is whole.
+    small: Vec<(String, bool)>,
+    done: bool,
+    /// The seed's file.
+    seed: Option<String>,
+}
+
+impl CutSeen {
+    fn nothing_of_the_cut_call(&self) -> bool {
+        self.big.is_none() && self.small.is_empty() && !self.done
+    }
+
+    fn whole_and_complete(&self) -> bool {
+        self.big == Some((BIG_LINES * 4096, true))
+            && self.small.len() == SMALL_FILES
+            && self.small.iter().all(|(_, whole)| *whole)
+            && self.done
+    }
+}
+
+/// Read what the cut call may have left, then remove it (the next round starts from the seed).
+async fn look_and_clean(sb: &Sandbox) -> CutSeen {
+    let mut seen = CutSeen {
+        seed: read(sb, "seed.txt").await,
+        ..CutSeen::default()
+    };
+    if let Some(big) = read(sb, "big.txt").await {
+        let whole = big.len() % 4096 == 0
+            && big
+                .as_bytes()
+                .chunks(4096)
+                .enumerate()
+                .all(|(i, l)| l == big_line(i).as_bytes());
+        let whole = whole && big.len() == BIG_LINES * 4096;
+        seen.big = Some((big.len(), whole));
+    }
+    for i in 0..SMALL_FILES {
+        let (path, content) = small_file(i);
+        if let Some(got) = read(sb, &path).await {
+            seen.small.push((path, got == content));
+        }
+    }
+    seen.done = read(sb, "done.txt").await.is_some();
+    sh(sb, "rm -f big.txt f*.txt done.txt").await;
+    seen
+}
+
+/// Wait (bounded) until no call holds `key`.
+async fn key_free(m: &SandboxManager, key: &IsolationKey) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(lease) = m.guard().try_enter(key).await.expect("try_enter") {
+            lease.release().await.expect("release");
+            return;
+        }
+        assert!(Instant::now() < deadline, "the key was never released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Cut calls *inside* their closure — while a command appends a file slowly, while files
+/// are written, before the final marker — at many delays after the closure started, in two
+/// set-ups (ephemeral + tar, keep + chunked), and check the cancellation rule:
+///
+/// - by default a cut call is a failed call: the next call sees exactly the state before it
+///   (no file of the cut call, not even in a kept box), the stored state still points at the
+///   previous snapshot, and the next call's report says the previous call was cancelled;
+/// - with [`CallOptions::keep_partial_work`](crate::CallOptions::keep_partial_work), the state
+///   is saved marked partial, the next call's report says so, and every file of the cut call
+///   that is not whole is listed as possibly torn;
+/// - a call cut after its closure ended is not cancelled: its work is current and whole (I5).
+///
+/// Returns the number of cuts.
+pub async fn faults_cancellation_inside_closure(fx: &dyn Fixture) -> usize {
+    let mut cuts = 0;
+    let mut broken = Vec::new();
+    for (persistence, format) in [
+        (Persistence::Ephemeral, SnapshotFormat::Tar),
+        (Persistence::Keep, SnapshotFormat::Chunked),
+    ] {
+        let env = Env::of(fx).await;
+        let config = SandboxConfig::new(spec())
+            .snapshots(SnapshotSpec::new(env.snapshots.clone()).format(format));
+        let m = env.manager(
+            fx.client(persistence).await,
+            IsolationScope::Session,
+            config,
+        );
+        let ctx = env.ctx().session("cut-inside");
+        let key = IsolationKey::resolve(IsolationScope::Session, &ctx).expect("key");
+        m.call(&ctx, |sb| async move {
+            sh(&sb, "echo seed > seed.txt").await;
+        })
+        .await
+        .expect("seed call");
+        // How long the closure takes here, uncut.
+        let (started, done) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let t0 = Instant::now();
+        m.call(&ctx, {
+            let (s, d) = (started.clone(), done.clone());
+            |sb| slow_work(sb, s, d)
+        })
+        .await
+        .expect("uncut call");
+        let span = t0.elapsed();
+        let whole = m
+            .call(&ctx, |sb| async move { look_and_clean(&sb).await })
+            .await
+            .expect("look");
+        assert!(
+            whole.value.whole_and_complete(),
+            "the uncut call: {:?}",
+            whole.value
+        );
+        let rounds = [(false, 10u32), (true, 6u32)];
+        for (keep_partial, n) in rounds {
+            let mut seen_torn = 0;
+            let mut seen_cut = 0;
+            for k in 0..n {
+                // Delays spread over the closure (its first 90%), from its first step on.
+                let delay = span.mul_f64(0.9 * f64::from(k) / f64::from(n));
+                let what = format!(
+                    "cut at {delay:?} of {span:?} ({persistence:?}, {format:?}, keep_partial: {keep_partial})"
+                );
+                let stored_before = env.states.load(&key).await.expect("load");
+                let (started, done) = (
+                    Arc::new(tokio::sync::Notify::new()),
+                    Arc::new(AtomicBool::new(false)),
+                );
+                let options = if keep_partial {
+                    crate::CallOptions::new().keep_partial_work()
+                } else {
+                    crate::CallOptions::new()
+                };
+                let task = {
+                    let (m, ctx, s, d) = (m.clone(), ctx.clone(), started.clone(), done.clone());
+                    tokio::spawn(async move {
+                        m.call_with_options(&ctx, options, |sb| slow_work(sb, s, d))
+                            .await
+                    })
+                };
+                started.notified().await;
+                tokio::time::sleep(delay).await;
+                task.abort();
+                let _ = task.await;
+                key_free(&m, &key).await;
+                let finished = done.load(Ordering::SeqCst);
+                let stored = env.states.load(&key).await.expect("load");
+                let marker = stored
+                    .as_deref()
+                    .map(|j| {
+                        state_from_json(j)
+                            .expect("state")
+                            .common()
+                            .cancelled
+                            .clone()
+                    })
+                    .expect("a stored state");
+                let next = m
+                    .call(&ctx, |sb| async move { look_and_clean(&sb).await })
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: the next call fails: {e}"));
+                let seen = next.value;
+                let mut check = |holds: bool, why: String| {
+                    if !holds {
+                        println!("BROKEN {what}: {why}");
+                        broken.push(format!("{what}: {why}"));
+                    }
+                };
+                check(
+                    seen.seed.as_deref() == Some("seed\n"),
+                    "the seed is lost".into(),
+                );
+                if finished {
+                    // The closure ended before the cut: the post-call steps ran (I5).
+                    check(
+                        seen.whole_and_complete(),
+                        format!("the finished call's work: {seen:?}"),
+                    );
+                    check(
+                        marker.is_none(),
+                        format!("a finished call is not cancelled: {marker:?}"),
+                    );
+                    continue;
+                }
+                seen_cut += 1;
+                cuts += 1;
+                let previous = next.report.previous_cancelled.as_ref();
+                check(
+                    previous.is_some(),
+                    "the next call's report does not say the call was cancelled".into(),
+                );
+                check(
+                    marker.as_ref() == previous,
+                    format!("the state recorded {marker:?}, the report {previous:?}"),
+                );
+                check(
+                    previous.is_none_or(|p| p.partial == keep_partial),
+                    format!("partial is not {keep_partial}: {previous:?}"),
+                );
+                if !keep_partial {
+                    check(
+                        seen.nothing_of_the_cut_call(),
+                        format!("files of the cancelled call became current: {seen:?}"),
+                    );
+                    check(
+                        snapshot_of(stored.as_deref()).map(|s| s.id)
+                            == snapshot_of(stored_before.as_deref()).map(|s| s.id),
+                        "the state was advanced".into(),
+                    );
+                    continue;
+                }
+                check(
+                    !seen.done,
+                    format!("the final marker was never written: {seen:?}"),
+                );
+                let listed = previous
+                    .and_then(|p| p.possibly_torn.clone())
+                    .unwrap_or_default();
+                let mut torn: Vec<String> = seen
+                    .small
+                    .iter()
+                    .filter(|(_, whole)| !whole)
+                    .map(|(p, _)| p.clone())
+                    .collect();
+                if seen.big.is_some_and(|(_, whole)| !whole) {
+                    torn.push("big.txt".to_owned());
+                }
+                seen_torn += torn.len();
+                for path in &torn {
+                    check(
+                        listed.contains(path),
+                        format!("the torn {path} is not reported: {listed:?}"),
+                    );
+                }
+            }
+            println!(
+                "cancellation inside the closure, {persistence:?} + {format:?}, keep_partial: \
+                 {keep_partial}: {seen_cut} of {n} cuts inside the closure, {seen_torn} torn files seen"
+            );
+            assert!(seen_cut > 0, "no cut fell inside the closure");
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "{} of {cuts} cuts broke the cancellation rule:\n{}",
+        broken.len(),
+        broken.join("\n")
+    );
+    println!("cancellation inside the closure: {cuts} cuts");
+    cuts
 }

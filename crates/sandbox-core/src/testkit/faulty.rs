@@ -274,6 +274,9 @@ impl BoxHandle for FaultyBox {
         self.script.step("box.park").await?;
         self.inner.park().await
     }
+    async fn settle(&self) -> Result<()> {
+        self.inner.settle().await
+    }
     async fn destroy(&self) -> Result<()> {
         self.script.step("box.destroy").await?;
         self.inner.destroy().await

@@ -955,7 +955,8 @@ pub async fn user_managed_sandbox_is_shared(fx: &dyn Fixture) {
     shared.destroy().await.expect("destroy");
 }
 
-/// The post-call steps run when the closure panics and when the call is cancelled.
+/// The post-call steps run when the closure panics (its work is saved); a cancelled call's
+/// work is not kept (the state records the cancellation only) and the next call is told.
 pub async fn panic_and_cancel_still_persist(fx: &dyn Fixture) {
     let env = Env::of(fx).await;
     let m = env
@@ -996,20 +997,38 @@ pub async fn panic_and_cancel_still_persist(fx: &dyn Fixture) {
     });
     rx.await.expect("closure ran");
     task.abort();
-    let mut persisted = false;
+    let mut recorded = None;
     for _ in 0..300 {
-        if env.states.load(&key).await.expect("load").is_some() {
-            persisted = true;
+        if let Some(json) = env.states.load(&key).await.expect("load") {
+            recorded = Some(json);
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(persisted, "a cancelled call still persists its state");
-    // The background finish also releases the box; wait for the guard to be free by calling.
-    call(&m, &cctx, |sb| async move {
-        assert_eq!(read(&sb, "c.txt").await.as_deref(), Some("before-cancel\n"));
+    // A cancelled call is a failed call: its state records only that it was cancelled (a new
+    // box's fresh state, no snapshot), never its work.
+    let recorded = recorded.expect("the cancellation is recorded in the key's state");
+    let state = state_from_json(&recorded).expect("state");
+    assert!(state.common().snapshot.is_none(), "no snapshot of its work");
+    assert!(
+        state
+            .common()
+            .cancelled
+            .as_ref()
+            .is_some_and(|c| !c.partial)
+    );
+    // The background steps also release the box; wait for the guard to be free by calling.
+    let r = call(&m, &cctx, |sb| async move {
+        assert_eq!(
+            read(&sb, "c.txt").await,
+            None,
+            "the cancelled call's work is gone"
+        );
     })
     .await;
+    assert!(r.previous_cancelled.is_some(), "the next call is told");
+    let r = call(&m, &cctx, |_| async {}).await;
+    assert!(r.previous_cancelled.is_none(), "once");
 }
 
 /// Bind-mounted paths are never archived, and survive a restore untouched.
@@ -1686,13 +1705,15 @@ macro_rules! conformance_tests {
             skip_unchanged chunked_incremental_across_replicas retention_and_gc
             chunked_restore_reuses_live_files same_size_rewrites_are_snapshotted);
         $crate::conformance_tests!(@faults [$fixture] [$(#[$attr])*]
-            faults_cancellation_sweep faults_fault_sweep faults_retention_after_failed_saves
-            faults_gc_interleaving faults_unkeyed_calls_leave_no_snapshots);
+            faults_cancellation_sweep faults_cancellation_inside_closure faults_fault_sweep
+            faults_retention_after_failed_saves faults_gc_interleaving
+            faults_unkeyed_calls_leave_no_snapshots);
     };
     ($fixture:expr $(, #[$attr:meta])* $(,)?) => {
         $crate::conformance_tests!(@core [$fixture] [$(#[$attr])*]);
         $crate::conformance_tests!(@faults [$fixture] [$(#[$attr])*]
-            faults_cancellation_sweep faults_fault_sweep faults_same_key_concurrency
+            faults_cancellation_sweep faults_cancellation_inside_closure faults_fault_sweep
+            faults_same_key_concurrency
             faults_unserializable_state_is_reported faults_retention_after_failed_saves
             faults_gc_interleaving faults_unkeyed_calls_leave_no_snapshots
             faults_missing_exec_features_are_refused faults_unsafe_setups_fail_at_build

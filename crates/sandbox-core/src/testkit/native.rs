@@ -167,6 +167,9 @@ impl BoxHandle for NativeBox {
     async fn park(&self) -> Result<()> {
         self.inner.park().await
     }
+    async fn settle(&self) -> Result<()> {
+        self.inner.settle().await
+    }
     async fn destroy(&self) -> Result<()> {
         self.inner.destroy().await
     }
