@@ -19,6 +19,12 @@
 //!   dropped: acquire + start and the post-call steps each run on their own task, so a
 //!   cancelled caller never interrupts them half-way. A start whose caller is gone gives the
 //!   box and the lease back without saving anything.
+//! - **I6** a call cancelled while its closure runs (its future or its [`ActiveCall`] dropped)
+//!   is a failed call: its commands are killed and waited for before the box is touched
+//!   (`Sandbox::settle`), and by default ([`OnCancel::Discard`]) its work never becomes
+//!   current — the key's state stays the previous one, recording the cancellation for the
+//!   next call's report; with [`OnCancel::KeepPartial`] the settled box is saved marked
+//!   partial, every changed file listed as possibly torn.
 //!
 //! Priority 1 (a caller-provided box) bypasses the guard; priorities 1 and 2 never write the
 //! state store: the caller manages them and keeps the resulting state

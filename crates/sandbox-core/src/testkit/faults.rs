@@ -7,7 +7,10 @@
 //! - **I3** nothing outside the box that the host owns is deleted or written;
 //! - **I4** a stale lease holder can neither save state nor delete snapshots;
 //! - **I5** once the post-call steps begin, they run to completion, even if every caller
-//!   future is dropped.
+//!   future is dropped;
+//! - **I6** a call cancelled while its closure runs is a failed call: by default nothing of
+//!   it becomes current and the next call is told; kept partial work is marked partial with
+//!   its possibly torn files listed.
 //!
 //! Every scenario is a plain `async fn(&dyn Fixture)`; [`crate::conformance_tests!`] runs
 //! them (the two that start OS processes take their test's name, to re-run it as the child).
@@ -292,7 +295,8 @@ fn phase(steps: &[&str], cut: usize) -> Phase {
     }
 }
 
-/// Drop the call at every step it takes, in two set-ups; check I1, I2, I3 and I5 after each.
+/// Drop the call at every step it takes, in two set-ups; check I1, I2, I3, I5 and I6 after
+/// each.
 /// Returns the number of cut points covered.
 pub async fn faults_cancellation_sweep(fx: &dyn Fixture) -> usize {
     let mut cuts = 0;
