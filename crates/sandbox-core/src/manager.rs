@@ -732,22 +732,26 @@ impl SandboxManager {
             }
         }
         let store = &inner.config.snapshots.store;
-        let mut deleted = 0usize;
-        for blob in store
+        let blobs = store
             .list_all(&format!("snapshots/{}/", key.digest()))
-            .await?
-        {
+            .await?;
+        for (deleted, blob) in blobs.into_iter().enumerate() {
             if lease.is_lost() {
+                let state_box = if report.state {
+                    "the box its stored state describes and "
+                } else {
+                    ""
+                };
                 return Err(lost(
                     &key,
                     &format!(
-                        "found out while deleting: {} stored state and {} box(es) and {deleted}                          snapshot blob(s) were removed; the remaining blobs and the fence were                          left",
-                        if report.state { "the" } else { "no" },
+                        "found out while deleting: {state_box}{} other box(es) of the key and \
+                         {deleted} snapshot blob(s) were removed; the other blobs and the \
+                         stored state were left",
                         report.boxes
                     ),
                 ));
             }
-            deleted += 1;
             if blob.key.as_str().ends_with(".manifest") {
                 report.snapshots += 1;
             }
