@@ -1303,28 +1303,34 @@ pub async fn faults_cancellation_inside_closure(fx: &dyn Fixture) -> usize {
         })
         .await
         .expect("seed call");
-        // How long the closure takes here, uncut.
-        let (started, done) = (
-            Arc::new(tokio::sync::Notify::new()),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let t0 = Instant::now();
-        m.call(&ctx, {
-            let (s, d) = (started.clone(), done.clone());
-            |sb| slow_work(sb, s, d)
-        })
-        .await
-        .expect("uncut call");
-        let span = t0.elapsed();
-        let whole = m
-            .call(&ctx, |sb| async move { look_and_clean(&sb).await })
-            .await
-            .expect("look");
-        assert!(
-            whole.value.whole_and_complete(),
-            "the uncut call: {:?}",
-            whole.value
-        );
+        // How long the closure takes here, uncut: the shorter of two runs (the first may
+        // start the box's exec agent). Each run's work is whole.
+        let mut span = Duration::MAX;
+        for _ in 0..2 {
+            let (started, done) = (
+                Arc::new(tokio::sync::Notify::new()),
+                Arc::new(AtomicBool::new(false)),
+            );
+            let took = m
+                .call(&ctx, |sb| async move {
+                    let t0 = Instant::now();
+                    slow_work(sb, started, done).await;
+                    t0.elapsed()
+                })
+                .await
+                .expect("uncut call")
+                .value;
+            span = span.min(took);
+            let whole = m
+                .call(&ctx, |sb| async move { look_and_clean(&sb).await })
+                .await
+                .expect("look");
+            assert!(
+                whole.value.whole_and_complete(),
+                "the uncut call: {:?}",
+                whole.value
+            );
+        }
         let rounds = [(false, 10u32), (true, 6u32)];
         for (keep_partial, n) in rounds {
             let mut seen_torn = 0;
