@@ -1462,7 +1462,7 @@ pub async fn faults_cancellation_inside_closure(fx: &dyn Fixture) -> usize {
     }
     assert!(
         broken.is_empty(),
-        "{} of {cuts} cuts broke the cancellation rule:\n{}",
+        "{} violations of the cancellation rule in {cuts} cuts:\n{}",
         broken.len(),
         broken.join("\n")
     );
