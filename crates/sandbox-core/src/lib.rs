@@ -8,6 +8,7 @@ mod exec;
 mod guard;
 pub mod host;
 mod isolation;
+pub mod leftover;
 mod manager;
 mod path;
 pub mod posix;
@@ -37,6 +38,7 @@ pub use guard::{
     SandboxExecutionGuard,
 };
 pub use isolation::{CallContext, GLOBAL_KEY, IsolationKey, IsolationScope, encode_component};
+pub use leftover::{LeftoverReport, LeftoverSweep};
 pub use manager::{
     Acquire, AcquiredFrom, ActiveCall, BoxGcOptions, BoxGcReport, CallError, CallReport, Called,
     DeleteReport, Distributed, SandboxManager, SandboxManagerBuilder,

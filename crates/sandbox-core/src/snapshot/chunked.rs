@@ -1186,6 +1186,12 @@ mod tests {
         fn list(&self, prefix: &str) -> crate::snapshot::BlobStream {
             self.inner.list(prefix)
         }
+        async fn sweep_leftovers(
+            &self,
+            sweep: crate::leftover::LeftoverSweep,
+        ) -> Result<crate::leftover::LeftoverReport> {
+            self.inner.sweep_leftovers(sweep).await
+        }
     }
 
     /// A pack whose stream the store has read frees its streaming slot: the chunker goes on

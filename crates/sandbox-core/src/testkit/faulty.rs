@@ -417,6 +417,13 @@ impl SnapshotStore for FaultySnapshotStore {
             })
             .boxed()
     }
+    async fn sweep_leftovers(
+        &self,
+        sweep: crate::leftover::LeftoverSweep,
+    ) -> Result<crate::leftover::LeftoverReport> {
+        self.script.step("snap.sweep_leftovers").await?;
+        self.inner.sweep_leftovers(sweep).await
+    }
 }
 
 /// A guard whose `enter` and lease releases are steps of `script`.
