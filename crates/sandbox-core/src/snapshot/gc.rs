@@ -372,7 +372,10 @@ pub async fn gc_with(
             report.leftovers = Some(swept);
         }
         Err(Error::NotSupported { .. }) => {
-            tracing::debug!(store = store.name(), "the store cannot sweep crash leftovers");
+            tracing::debug!(
+                store = store.name(),
+                "the store cannot sweep crash leftovers"
+            );
         }
         Err(e) => return Err(e),
     }

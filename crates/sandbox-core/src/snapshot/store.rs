@@ -895,17 +895,31 @@ mod tests {
         let sweep = LeftoverSweep::default().grace(std::time::Duration::from_secs(3600));
 
         let dry = store.sweep_leftovers(sweep.dry_run(true)).await.unwrap();
-        assert_eq!((dry.removed, dry.in_grace, dry.in_use), (3, 1, 1), "{dry:?}");
+        assert_eq!(
+            (dry.removed, dry.in_grace, dry.in_use),
+            (3, 1, 1),
+            "{dry:?}"
+        );
         assert!(old.iter().all(|p| p.exists()), "a dry run removes nothing");
 
         let bounded = store.sweep_leftovers(sweep.max_removals(2)).await.unwrap();
         assert_eq!((bounded.removed, bounded.deferred), (2, 1), "{bounded:?}");
         assert_eq!(bounded.bytes_freed, 2 * "partial".len() as u64);
         let rest = store.sweep_leftovers(sweep).await.unwrap();
-        assert_eq!((rest.removed, rest.deferred, rest.in_use), (1, 0, 1), "{rest:?}");
+        assert_eq!(
+            (rest.removed, rest.deferred, rest.in_use),
+            (1, 0, 1),
+            "{rest:?}"
+        );
         assert!(old.iter().all(|p| !p.exists()));
-        assert!(young.exists(), "a young temporary may be another process's put");
-        assert!(stalled.exists(), "the temporary of a running put is never swept");
+        assert!(
+            young.exists(),
+            "a young temporary may be another process's put"
+        );
+        assert!(
+            stalled.exists(),
+            "the temporary of a running put is never swept"
+        );
         assert!(store.exists(&blob).await.unwrap());
         put.abort();
         let _ = put.await;
