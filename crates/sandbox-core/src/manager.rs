@@ -413,6 +413,9 @@ pub struct BoxGcOptions {
     pub snapshots: Option<snapshot::GcOptions>,
     /// Report what would be removed without removing anything.
     pub dry_run: bool,
+    /// At most this many boxes and box leftovers removed per run (the rest wait for the next:
+    /// [`BoxGcReport::deferred`]). Default: no bound.
+    pub max_removals: usize,
 }
 
 impl Default for BoxGcOptions {
@@ -421,6 +424,7 @@ impl Default for BoxGcOptions {
             older_than: Duration::from_secs(3600),
             snapshots: None,
             dry_run: false,
+            max_removals: usize::MAX,
         }
     }
 }
@@ -443,6 +447,12 @@ impl BoxGcOptions {
         self.dry_run = dry_run;
         self
     }
+
+    /// Bound the boxes and box leftovers removed per run.
+    pub fn max_removals(mut self, n: usize) -> Self {
+        self.max_removals = n;
+        self
+    }
 }
 
 /// What [`SandboxManager::gc`] did.
@@ -455,6 +465,11 @@ pub struct BoxGcReport {
     pub boxes_in_use: usize,
     /// Boxes left alone because a stored state describes their key, or they are too young.
     pub boxes_kept: usize,
+    /// Boxes past their age left for the next run ([`BoxGcOptions::max_removals`]).
+    pub deferred: usize,
+    /// What the backend's sweep of half-created and half-removed boxes did
+    /// ([`SandboxClient::sweep_leftovers`]).
+    pub leftovers: crate::leftover::LeftoverReport,
     /// What the snapshot collection did, if asked.
     pub snapshots: Option<snapshot::GcReport>,
 }
@@ -675,11 +690,14 @@ impl SandboxManager {
     /// waited for) and that its key's stored state does not point at — boxes whose call
     /// crashed, or whose work could not be saved (parked) — and every box past its expiry (the
     /// backend's maximum age) whose key no call holds, state or not (the next call restores
-    /// it from its snapshot). With [`BoxGcOptions::snapshots`], also collect the snapshot
-    /// store, never retiring a snapshot a stored state references.
+    /// it from its snapshot). Then what boxes whose creation or removal was cut short left
+    /// ([`SandboxClient::sweep_leftovers`], with `older_than` as its grace). With
+    /// [`BoxGcOptions::snapshots`], also collect the snapshot store, never retiring a snapshot
+    /// a stored state references.
     pub async fn gc(&self, options: BoxGcOptions) -> Result<BoxGcReport> {
         let inner = &self.inner;
         let mut report = BoxGcReport::default();
+        let mut removals = options.max_removals;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
@@ -713,12 +731,26 @@ impl SandboxManager {
                 }
                 None => None,
             };
+            if removals == 0 {
+                report.deferred += 1;
+                continue;
+            }
+            removals -= 1;
             if !options.dry_run {
                 inner.client.remove_owned(&owned.id).await?;
             }
             tracing::info!(id = %owned.id, key = ?owned.key, dry_run = options.dry_run, "gc: box removed");
             report.boxes_removed.push(owned.id);
         }
+        report.leftovers = inner
+            .client
+            .sweep_leftovers(
+                crate::leftover::LeftoverSweep::default()
+                    .grace(options.older_than)
+                    .max_removals(removals)
+                    .dry_run(options.dry_run),
+            )
+            .await?;
         if let Some(snapshot_options) = options.snapshots {
             let spec = &inner.config.snapshots;
             let mut snapshot_options = snapshot_options;
