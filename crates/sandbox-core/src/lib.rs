@@ -7,6 +7,7 @@ mod error;
 mod exec;
 mod guard;
 pub mod host;
+pub mod housekeeping;
 mod isolation;
 pub mod leftover;
 mod manager;
@@ -37,6 +38,7 @@ pub use guard::{
     FileGuard, FileGuardOptions, InProcessGuard, Lease, LeaseHandle, NoopGuard,
     SandboxExecutionGuard,
 };
+pub use housekeeping::{HousekeepingOptions, HousekeepingOutcome, HousekeepingRun};
 pub use isolation::{CallContext, GLOBAL_KEY, IsolationKey, IsolationScope, encode_component};
 pub use leftover::{LeftoverReport, LeftoverSweep};
 pub use manager::{

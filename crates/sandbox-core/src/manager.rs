@@ -190,6 +190,17 @@ struct Inner {
     guard: Arc<dyn SandboxExecutionGuard>,
     scope: IsolationScope,
     config: SandboxConfig,
+    /// The housekeeping task, stopped when this is dropped.
+    housekeeping: Option<crate::housekeeping::Running>,
+}
+
+/// A manager that does not keep it alive (the housekeeping task's).
+pub(crate) struct WeakManager(std::sync::Weak<Inner>);
+
+impl WeakManager {
+    pub(crate) fn upgrade(&self) -> Option<SandboxManager> {
+        self.0.upgrade().map(|inner| SandboxManager { inner })
+    }
 }
 
 impl fmt::Debug for SandboxManager {
@@ -259,12 +270,22 @@ pub struct SandboxManagerBuilder {
     /// The snapshot store [`distributed`](Self::distributed) set, applied at build over the
     /// config's (whenever the config is set).
     distributed_snapshots: Option<Arc<dyn crate::snapshot::SnapshotStore>>,
+    housekeeping: Option<crate::housekeeping::HousekeepingOptions>,
 }
 
 impl SandboxManagerBuilder {
     /// The state store (default: in memory).
     pub fn state_store(mut self, states: Arc<dyn StateStore>) -> Self {
         self.states = states;
+        self
+    }
+
+    /// Run housekeeping in the background ([`crate::housekeeping`]): `gc` of boxes, box
+    /// leftovers and (optionally) snapshots every `options.every`, with bounded work per run,
+    /// one replica at a time (through the guard). Off by default. [`build`](Self::build) must
+    /// then run inside a Tokio runtime, which the task runs on until the manager is dropped.
+    pub fn housekeeping(mut self, options: crate::housekeeping::HousekeepingOptions) -> Self {
+        self.housekeeping = Some(options);
         self
     }
 
@@ -331,15 +352,33 @@ impl SandboxManagerBuilder {
             });
         }
         self.check()?;
-        Ok(SandboxManager {
-            inner: Arc::new(Inner {
-                client: self.client,
-                states: self.states,
-                guard: self.guard,
-                scope: self.scope,
-                config: self.config,
+        let runtime = match self.housekeeping {
+            Some(options) if options.every.is_zero() => {
+                return Err(Error::invalid(
+                    "housekeeping",
+                    "the period between runs must not be zero",
+                ));
+            }
+            Some(_) => Some(tokio::runtime::Handle::try_current().map_err(|_| {
+                Error::invalid(
+                    "housekeeping",
+                    "needs a Tokio runtime to run on: build the manager inside one",
+                )
+            })?),
+            None => None,
+        };
+        let housekeeping = self.housekeeping;
+        let inner = Arc::new_cyclic(|weak| Inner {
+            client: self.client,
+            states: self.states,
+            guard: self.guard,
+            scope: self.scope,
+            config: self.config,
+            housekeeping: housekeeping.zip(runtime).map(|(options, runtime)| {
+                crate::housekeeping::spawn(WeakManager(weak.clone()), options, &runtime)
             }),
-        })
+        });
+        Ok(SandboxManager { inner })
     }
 
     fn check(&self) -> Result<()> {
@@ -487,6 +526,15 @@ pub struct DeleteReport {
 }
 
 impl SandboxManager {
+    /// The runs of the housekeeping task, the latest first seen (`None` until the first run
+    /// ends); `None` without [`SandboxManagerBuilder::housekeeping`]. The receiver's
+    /// `changed()` fails once the task has stopped.
+    pub fn housekeeping(
+        &self,
+    ) -> Option<tokio::sync::watch::Receiver<Option<crate::housekeeping::HousekeepingRun>>> {
+        self.inner.housekeeping.as_ref().map(|h| h.runs())
+    }
+
     /// Start building a manager for `client`.
     pub fn builder(client: Arc<dyn SandboxClient>) -> SandboxManagerBuilder {
         SandboxManagerBuilder {
@@ -497,6 +545,7 @@ impl SandboxManager {
             config: SandboxConfig::default(),
             require: Requirement::None,
             distributed_snapshots: None,
+            housekeeping: None,
         }
     }
 

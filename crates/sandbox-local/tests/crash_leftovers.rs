@@ -260,3 +260,86 @@ fn killed_box_removals_leave_nothing_after_gc() {
     let entries: Vec<_> = std::fs::read_dir(dir.join("boxes")).unwrap().collect();
     assert!(entries.is_empty(), "{entries:?}");
 }
+
+/// Housekeeping without an operator: the background task collects leftovers on its own,
+/// skips a run while another replica holds its key, and stops when the manager is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn housekeeping_collects_leftovers_one_replica_at_a_time() {
+    use sandbox_core::SandboxExecutionGuard as _;
+    use sandbox_core::housekeeping::housekeeping_key;
+    use sandbox_core::{HousekeepingOptions, HousekeepingOutcome, InProcessGuard};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // What killed processes leave: a temporary pack, and three kinds of box leftovers.
+    let packs = dir.join("snapshots/packs/ab");
+    std::fs::create_dir_all(&packs).unwrap();
+    std::fs::write(packs.join(".tmp-4242-0-01ab.pack"), b"partial").unwrap();
+    let boxes = dir.join("boxes");
+    for name in [
+        ".creating-0123456789abcdef",
+        ".trash-0123456789abcdef",
+        "b-6b3e2a3c-3c1e-4b8e-9d6f-1f2a3b4c5d6e",
+    ] {
+        std::fs::create_dir_all(boxes.join(name).join("workspace")).unwrap();
+    }
+    let guard = Arc::new(InProcessGuard::new());
+    let m = SandboxManager::builder(Arc::new(client(dir)))
+        .state_store(Arc::new(FileStateStore::new(dir.join("states"))))
+        .guard(guard.clone())
+        .config(
+            SandboxConfig::new(WorkspaceSpec::default())
+                .snapshots(SnapshotSpec::local_dir(dir.join("snapshots"))),
+        )
+        .housekeeping(
+            HousekeepingOptions::default()
+                .every(Duration::from_millis(50))
+                .box_gc(BoxGcOptions::default().older_than(Duration::ZERO))
+                .snapshots(Some(GcOptions::default().grace(Duration::ZERO))),
+        )
+        .build()
+        .unwrap();
+    let mut runs = m.housekeeping().expect("housekeeping is on");
+    // Another replica holds the key: runs are skipped, nothing is removed.
+    let held = guard
+        .try_enter(&housekeeping_key("local"))
+        .await
+        .unwrap()
+        .expect("free");
+    let busy = next_run(&mut runs).await;
+    assert_eq!(busy.outcome, HousekeepingOutcome::Busy, "{busy:?}");
+    assert!(packs.join(".tmp-4242-0-01ab.pack").exists());
+    drop(held);
+    let done = loop {
+        let run = next_run(&mut runs).await;
+        if run.outcome != HousekeepingOutcome::Busy {
+            break run;
+        }
+    };
+    let HousekeepingOutcome::Done(report) = &done.outcome else {
+        panic!("{done:?}");
+    };
+    assert_eq!(report.leftovers.removed, 3, "{report:?}");
+    let store = report.snapshots.as_ref().and_then(|s| s.leftovers.clone());
+    assert_eq!(store.map(|l| l.removed), Some(1), "{report:?}");
+    assert!(!packs.join(".tmp-4242-0-01ab.pack").exists());
+    assert_eq!(std::fs::read_dir(&boxes).unwrap().count(), 0);
+
+    // The last handle dropped, the task stops: its channel closes.
+    drop(m);
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while runs.changed().await.is_ok() {}
+    })
+    .await
+    .expect("the task stops once the manager is dropped");
+}
+
+async fn next_run(
+    runs: &mut tokio::sync::watch::Receiver<Option<sandbox_core::HousekeepingRun>>,
+) -> sandbox_core::HousekeepingRun {
+    tokio::time::timeout(Duration::from_secs(60), runs.changed())
+        .await
+        .expect("a run within a minute")
+        .expect("the task runs");
+    runs.borrow_and_update().clone().expect("a run")
+}
