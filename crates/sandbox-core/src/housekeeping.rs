@@ -94,7 +94,7 @@ pub struct HousekeepingRun {
 #[non_exhaustive]
 pub enum HousekeepingOutcome {
     /// It collected: what [`SandboxManager::gc`] reported.
-    Done(BoxGcReport),
+    Done(Box<BoxGcReport>),
     /// Another replica (or process) held [`housekeeping_key`]: nothing was done.
     Busy,
     /// The collection failed (the message; the next run tries again).
@@ -170,7 +170,7 @@ async fn run_once(manager: &SandboxManager, options: &HousekeepingOptions) -> Ho
             .max_deletions(options.max_removals_per_run)
     });
     let outcome = match manager.gc(gc).await {
-        Ok(report) => HousekeepingOutcome::Done(report),
+        Ok(report) => HousekeepingOutcome::Done(Box::new(report)),
         Err(e) => HousekeepingOutcome::Failed(e.to_string()),
     };
     drop(lease);

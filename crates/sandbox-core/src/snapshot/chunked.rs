@@ -1248,6 +1248,7 @@ mod tests {
                 .await
                 .expect("the last puts never met at the gate")
                 .expect("join")
+                .1
                 .expect("put");
         }
         assert_eq!(

@@ -491,6 +491,8 @@ fn resolve(
     None
 }
 
+// Step 5 and 6 of one run, with the run's state (report, deletions left) passed in.
+#[allow(clippy::too_many_arguments)]
 async fn sweep_packs(
     store: &dyn SnapshotStore,
     listed: Vec<BlobMeta>,
