@@ -933,6 +933,79 @@ pub async fn failed_manifest_write_leaves_nothing(fx: &dyn Fixture) {
         })
         .await;
     }
+    failed_pack_upload_leaves_nothing(fx).await;
+}
+
+/// A chunked stop whose third pack upload fails after two packs were stored: the call fails
+/// and the packs it stored are deleted before its error is returned.
+async fn failed_pack_upload_leaves_nothing(fx: &dyn Fixture) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let env = Env::of(fx).await;
+    // Pack puts let through before one fails (`usize::MAX`: never).
+    let let_through = Arc::new(AtomicUsize::new(usize::MAX));
+    let store = HookedStore::new(env.snapshots.clone()).on_put({
+        let let_through = let_through.clone();
+        move |key, data| {
+            if !key.as_str().starts_with("packs/") {
+                return data;
+            }
+            let left = let_through.load(Ordering::SeqCst);
+            if left == usize::MAX {
+                return data;
+            }
+            let_through.store(left.saturating_sub(1), Ordering::SeqCst);
+            if left > 0 {
+                return data;
+            }
+            let path = key.to_string();
+            futures::StreamExt::boxed(futures::StreamExt::map(data, move |_| {
+                Err(Error::io(
+                    path.clone(),
+                    std::io::Error::from(std::io::ErrorKind::StorageFull),
+                ))
+            }))
+        }
+    });
+    // Packs of one chunk each (every chunk is larger than the target): a 3 MB file is many.
+    let config = SandboxConfig::new(spec()).snapshots(
+        SnapshotSpec::new(Arc::new(store))
+            .format(SnapshotFormat::Chunked)
+            .pack_size(1),
+    );
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        config,
+    );
+    let ctx = env.ctx().session("pack-full");
+    call(&m, &ctx, |sb| async move {
+        sh(&sb, "echo one > a.txt").await;
+    })
+    .await;
+    let before = env.snapshots.list_all("").await.expect("list");
+    let_through.store(2, Ordering::SeqCst);
+    let err = m
+        .call(&ctx, |sb| async move {
+            sh(&sb, "head -c 3000000 /dev/urandom > big.bin").await;
+        })
+        .await
+        .expect_err("the third pack cannot be written");
+    assert_eq!(err.error.kind(), ErrorKind::Io, "{err}");
+    let after = env.snapshots.list_all("").await.expect("list");
+    let keys = |blobs: &[crate::snapshot::BlobMeta]| {
+        blobs.iter().map(|b| b.key.to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        keys(&after),
+        keys(&before),
+        "the packs the failed stop stored are gone when its error is returned"
+    );
+    let_through.store(usize::MAX, Ordering::SeqCst);
+    call(&m, &ctx, |sb| async move {
+        assert_eq!(read(&sb, "a.txt").await.as_deref(), Some("one\n"));
+        assert_eq!(read(&sb, "big.bin").await, None);
+    })
+    .await;
 }
 
 /// Malformed state and unknown backend tags are typed errors; the stored state is not
