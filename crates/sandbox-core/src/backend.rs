@@ -201,6 +201,20 @@ pub trait SandboxClient: Send + Sync + fmt::Debug + 'static {
         let _ = reference;
         Err(not_supported(self.backend(), "native snapshots"))
     }
+
+    /// Remove what a process killed while it created or removed a box left behind that
+    /// [`list_owned`](Self::list_owned) cannot see (a directory without its owner mark, half
+    /// deleted), older than `sweep.grace`; at most `sweep.max_removals` of them.
+    /// [`SandboxManager::gc`](crate::SandboxManager::gc) runs it. The default finds nothing:
+    /// right for a backend whose boxes appear with their owner mark and vanish whole (a
+    /// container created with its labels, removed by the engine).
+    async fn sweep_leftovers(
+        &self,
+        sweep: crate::leftover::LeftoverSweep,
+    ) -> Result<crate::leftover::LeftoverReport> {
+        let _ = sweep;
+        Ok(crate::leftover::LeftoverReport::default())
+    }
 }
 
 /// Kind of a tree entry.

@@ -169,6 +169,15 @@ impl IsolationKey {
         }
     }
 
+    /// A key no call resolves to (and [`parse`](Self::parse) refuses), for the library's own
+    /// exclusion through the guard: `reserved/<name>`.
+    pub(crate) fn reserved(name: &str) -> IsolationKey {
+        IsolationKey {
+            scope: IsolationScope::Global,
+            key: format!("reserved/{}", encode_component(name)),
+        }
+    }
+
     /// A short, name-safe digest of the key (16 hex chars of SHA-256), for box names.
     pub fn digest(&self) -> String {
         use sha2::Digest as _;

@@ -7,7 +7,9 @@ mod error;
 mod exec;
 mod guard;
 pub mod host;
+pub mod housekeeping;
 mod isolation;
+pub mod leftover;
 mod manager;
 mod path;
 pub mod posix;
@@ -36,7 +38,9 @@ pub use guard::{
     FileGuard, FileGuardOptions, InProcessGuard, Lease, LeaseHandle, NoopGuard,
     SandboxExecutionGuard,
 };
+pub use housekeeping::{HousekeepingOptions, HousekeepingOutcome, HousekeepingRun};
 pub use isolation::{CallContext, GLOBAL_KEY, IsolationKey, IsolationScope, encode_component};
+pub use leftover::{LeftoverReport, LeftoverSweep};
 pub use manager::{
     Acquire, AcquiredFrom, ActiveCall, BoxGcOptions, BoxGcReport, CallError, CallOptions,
     CallReport, Called, DeleteReport, Distributed, OnCancel, SandboxManager, SandboxManagerBuilder,

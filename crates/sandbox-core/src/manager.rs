@@ -255,6 +255,17 @@ struct Inner {
     guard: Arc<dyn SandboxExecutionGuard>,
     scope: IsolationScope,
     config: SandboxConfig,
+    /// The housekeeping task, stopped when this is dropped.
+    housekeeping: Option<crate::housekeeping::Running>,
+}
+
+/// A manager that does not keep it alive (the housekeeping task's).
+pub(crate) struct WeakManager(std::sync::Weak<Inner>);
+
+impl WeakManager {
+    pub(crate) fn upgrade(&self) -> Option<SandboxManager> {
+        self.0.upgrade().map(|inner| SandboxManager { inner })
+    }
 }
 
 impl fmt::Debug for SandboxManager {
@@ -324,12 +335,22 @@ pub struct SandboxManagerBuilder {
     /// The snapshot store [`distributed`](Self::distributed) set, applied at build over the
     /// config's (whenever the config is set).
     distributed_snapshots: Option<Arc<dyn crate::snapshot::SnapshotStore>>,
+    housekeeping: Option<crate::housekeeping::HousekeepingOptions>,
 }
 
 impl SandboxManagerBuilder {
     /// The state store (default: in memory).
     pub fn state_store(mut self, states: Arc<dyn StateStore>) -> Self {
         self.states = states;
+        self
+    }
+
+    /// Run housekeeping in the background ([`crate::housekeeping`]): `gc` of boxes, box
+    /// leftovers and (optionally) snapshots every `options.every`, with bounded work per run,
+    /// one replica at a time (through the guard). Off by default. [`build`](Self::build) must
+    /// then run inside a Tokio runtime, which the task runs on until the manager is dropped.
+    pub fn housekeeping(mut self, options: crate::housekeeping::HousekeepingOptions) -> Self {
+        self.housekeeping = Some(options);
         self
     }
 
@@ -396,15 +417,33 @@ impl SandboxManagerBuilder {
             });
         }
         self.check()?;
-        Ok(SandboxManager {
-            inner: Arc::new(Inner {
-                client: self.client,
-                states: self.states,
-                guard: self.guard,
-                scope: self.scope,
-                config: self.config,
+        let runtime = match self.housekeeping {
+            Some(options) if options.every.is_zero() => {
+                return Err(Error::invalid(
+                    "housekeeping",
+                    "the period between runs must not be zero",
+                ));
+            }
+            Some(_) => Some(tokio::runtime::Handle::try_current().map_err(|_| {
+                Error::invalid(
+                    "housekeeping",
+                    "needs a Tokio runtime to run on: build the manager inside one",
+                )
+            })?),
+            None => None,
+        };
+        let housekeeping = self.housekeeping;
+        let inner = Arc::new_cyclic(|weak| Inner {
+            client: self.client,
+            states: self.states,
+            guard: self.guard,
+            scope: self.scope,
+            config: self.config,
+            housekeeping: housekeeping.zip(runtime).map(|(options, runtime)| {
+                crate::housekeeping::spawn(WeakManager(weak.clone()), options, &runtime)
             }),
-        })
+        });
+        Ok(SandboxManager { inner })
     }
 
     fn check(&self) -> Result<()> {
@@ -478,6 +517,9 @@ pub struct BoxGcOptions {
     pub snapshots: Option<snapshot::GcOptions>,
     /// Report what would be removed without removing anything.
     pub dry_run: bool,
+    /// At most this many boxes and box leftovers removed per run (the rest wait for the next:
+    /// [`BoxGcReport::deferred`]). Default: no bound.
+    pub max_removals: usize,
 }
 
 impl Default for BoxGcOptions {
@@ -486,6 +528,7 @@ impl Default for BoxGcOptions {
             older_than: Duration::from_secs(3600),
             snapshots: None,
             dry_run: false,
+            max_removals: usize::MAX,
         }
     }
 }
@@ -508,6 +551,12 @@ impl BoxGcOptions {
         self.dry_run = dry_run;
         self
     }
+
+    /// Bound the boxes and box leftovers removed per run.
+    pub fn max_removals(mut self, n: usize) -> Self {
+        self.max_removals = n;
+        self
+    }
 }
 
 /// What [`SandboxManager::gc`] did.
@@ -520,6 +569,11 @@ pub struct BoxGcReport {
     pub boxes_in_use: usize,
     /// Boxes left alone because a stored state describes their key, or they are too young.
     pub boxes_kept: usize,
+    /// Boxes past their age left for the next run ([`BoxGcOptions::max_removals`]).
+    pub deferred: usize,
+    /// What the backend's sweep of half-created and half-removed boxes did
+    /// ([`SandboxClient::sweep_leftovers`]).
+    pub leftovers: crate::leftover::LeftoverReport,
     /// What the snapshot collection did, if asked.
     pub snapshots: Option<snapshot::GcReport>,
 }
@@ -537,6 +591,15 @@ pub struct DeleteReport {
 }
 
 impl SandboxManager {
+    /// The runs of the housekeeping task, the latest first seen (`None` until the first run
+    /// ends); `None` without [`SandboxManagerBuilder::housekeeping`]. The receiver's
+    /// `changed()` fails once the task has stopped.
+    pub fn housekeeping(
+        &self,
+    ) -> Option<tokio::sync::watch::Receiver<Option<crate::housekeeping::HousekeepingRun>>> {
+        self.inner.housekeeping.as_ref().map(|h| h.runs())
+    }
+
     /// Start building a manager for `client`.
     pub fn builder(client: Arc<dyn SandboxClient>) -> SandboxManagerBuilder {
         SandboxManagerBuilder {
@@ -547,6 +610,7 @@ impl SandboxManager {
             config: SandboxConfig::default(),
             require: Requirement::None,
             distributed_snapshots: None,
+            housekeeping: None,
         }
     }
 
@@ -784,11 +848,14 @@ impl SandboxManager {
     /// waited for) and that its key's stored state does not point at — boxes whose call
     /// crashed, or whose work could not be saved (parked) — and every box past its expiry (the
     /// backend's maximum age) whose key no call holds, state or not (the next call restores
-    /// it from its snapshot). With [`BoxGcOptions::snapshots`], also collect the snapshot
-    /// store, never retiring a snapshot a stored state references.
+    /// it from its snapshot). Then what boxes whose creation or removal was cut short left
+    /// ([`SandboxClient::sweep_leftovers`], with `older_than` as its grace). With
+    /// [`BoxGcOptions::snapshots`], also collect the snapshot store, never retiring a snapshot
+    /// a stored state references.
     pub async fn gc(&self, options: BoxGcOptions) -> Result<BoxGcReport> {
         let inner = &self.inner;
         let mut report = BoxGcReport::default();
+        let mut removals = options.max_removals;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
@@ -822,12 +889,26 @@ impl SandboxManager {
                 }
                 None => None,
             };
+            if removals == 0 {
+                report.deferred += 1;
+                continue;
+            }
+            removals -= 1;
             if !options.dry_run {
                 inner.client.remove_owned(&owned.id).await?;
             }
             tracing::info!(id = %owned.id, key = ?owned.key, dry_run = options.dry_run, "gc: box removed");
             report.boxes_removed.push(owned.id);
         }
+        report.leftovers = inner
+            .client
+            .sweep_leftovers(
+                crate::leftover::LeftoverSweep::default()
+                    .grace(options.older_than)
+                    .max_removals(removals)
+                    .dry_run(options.dry_run),
+            )
+            .await?;
         if let Some(snapshot_options) = options.snapshots {
             let spec = &inner.config.snapshots;
             let mut snapshot_options = snapshot_options;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sandbox_core::{
-    BoxHandle, Capabilities, CreateRequest, Error, ExecFeatures, OwnedBox, Result, SandboxClient,
-    SandboxState, WorkspaceSpec, not_supported,
+    BoxHandle, Capabilities, CreateRequest, Error, ExecFeatures, LeftoverReport, LeftoverSweep,
+    OwnedBox, Result, SandboxClient, SandboxState, WorkspaceSpec, not_supported,
 };
 
 use crate::BACKEND;
@@ -252,7 +252,7 @@ impl SandboxClient for LocalClient {
                 };
             };
             fsutil::check_owner(&box_dir, marker.key.as_deref())?;
-            fsutil::remove_any(&box_dir).map_err(|e| Error::io(&box_dir, e))
+            fsutil::remove_box_dir(&box_dir).map_err(|e| Error::io(&box_dir, e))
         })
         .await
         .map_err(|e| Error::backend(BACKEND, "remove_owned", e.to_string()))?
@@ -272,9 +272,18 @@ impl SandboxClient for LocalClient {
         let (box_dir, key) = (state.box_dir.clone(), state.key.clone());
         tokio::task::spawn_blocking(move || {
             fsutil::check_owner(&box_dir, key.as_deref())?;
-            fsutil::remove_any(&box_dir).map_err(|e| Error::io(&box_dir, e))
+            fsutil::remove_box_dir(&box_dir).map_err(|e| Error::io(&box_dir, e))
         })
         .await
         .map_err(|e| Error::backend(BACKEND, "delete", e.to_string()))?
+    }
+
+    /// `.creating-*` and `.trash-*` directories of the base directory, and box-named
+    /// directories without their marker, older than the grace period.
+    async fn sweep_leftovers(&self, sweep: LeftoverSweep) -> Result<LeftoverReport> {
+        let base = self.base_dir().await?;
+        tokio::task::spawn_blocking(move || fsutil::sweep_leftovers(&base, sweep))
+            .await
+            .map_err(|e| Error::backend(BACKEND, "sweep_leftovers", e.to_string()))?
     }
 }

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use sandbox_core::archive::ensure_parents;
 use sandbox_core::beneath::{self, Anchor, Dir};
-use sandbox_core::{Error, RelPath, Result};
+use sandbox_core::{Error, LeftoverReport, LeftoverSweep, RelPath, Result};
 use serde::{Deserialize, Serialize};
 
 /// Name of the owner marker file inside a box directory.
@@ -19,6 +19,12 @@ pub(crate) const WORKSPACE: &str = "workspace";
 pub(crate) const STAGING_PREFIX: &str = ".staging-";
 /// Prefix of replaced workspaces awaiting removal.
 pub(crate) const OLD_PREFIX: &str = ".old-";
+/// Prefix of a box directory being made (beside the boxes, in the base directory): it gets
+/// its marker there and is renamed into place, so a box name never shows without its marker.
+pub(crate) const CREATING_PREFIX: &str = ".creating-";
+/// Prefix of a box directory being removed: renamed out of its name first, so a removal cut
+/// short leaves a name `sweep_leftovers` recognises, never a box name without its marker.
+pub(crate) const TRASH_PREFIX: &str = ".trash-";
 
 /// A read-write bind mount, realized as a symlink at `path` pointing to `host`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,22 +122,111 @@ pub(crate) fn check_owner(box_dir: &Path, key: Option<&str>) -> Result<()> {
 }
 
 /// Create the box directory and its owner marker if missing, after checking ownership.
+///
+/// The directory is made as `.creating-<uuid>` beside it, given its marker, and renamed into
+/// place (over an empty directory a crash of older code may have left): a process killed at
+/// any point leaves either no box or a whole one with its marker, and at worst a
+/// `.creating-*` directory that [`sweep_leftovers`] removes.
 pub(crate) fn ensure_box(box_dir: &Path, key: Option<&str>) -> Result<()> {
     check_owner(box_dir, key)?;
-    fs::create_dir_all(box_dir).map_err(|e| Error::io(box_dir, e))?;
     let marker_path = box_dir.join(MARKER);
     if fs::symlink_metadata(&marker_path).is_ok() {
         return Ok(());
     }
+    let base = box_dir.parent().expect("a box directory has a parent");
+    fs::create_dir_all(base).map_err(|e| Error::io(base, e))?;
+    let creating = base.join(format!(
+        "{CREATING_PREFIX}{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    fs::create_dir(&creating).map_err(|e| Error::io(&creating, e))?;
     let json = serde_json::to_vec_pretty(&Marker::new(key))
         .map_err(|e| Error::backend(crate::BACKEND, "boot", e.to_string()))?;
-    // Written beside and renamed, so a reader never sees a half-written marker.
-    let tmp = box_dir.join(format!("{MARKER}.tmp-{}", uuid::Uuid::new_v4().simple()));
-    fs::write(&tmp, json).map_err(|e| Error::io(&tmp, e))?;
-    fs::rename(&tmp, &marker_path).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        Error::io(&marker_path, e)
-    })
+    let placed = fs::write(creating.join(MARKER), json)
+        .map_err(|e| Error::io(creating.join(MARKER), e))
+        .and_then(|()| fs::rename(&creating, box_dir).map_err(|e| Error::io(box_dir, e)));
+    match placed {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = remove_any(&creating);
+            // Made meanwhile by another process (the same key's box): fine if it is ours.
+            if fs::symlink_metadata(&marker_path).is_ok() {
+                check_owner(box_dir, key)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Remove a box directory: renamed to `.trash-<uuid>` beside it first, then deleted, so a
+/// process killed mid-way leaves a `.trash-*` directory (which [`sweep_leftovers`] removes)
+/// and never a box name without its marker. Missing is fine.
+pub(crate) fn remove_box_dir(box_dir: &Path) -> io::Result<()> {
+    let base = box_dir.parent().expect("a box directory has a parent");
+    let trash = base.join(format!("{TRASH_PREFIX}{}", uuid::Uuid::new_v4().simple()));
+    match fs::rename(box_dir, &trash) {
+        Ok(()) => remove_any(&trash),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        // Not a directory we can move (a file in its place): removed where it is.
+        Err(_) => remove_any(box_dir),
+    }
+}
+
+/// What a box-creating or box-removing process killed mid-way leaves in the base directory
+/// `base`: `.creating-*` and `.trash-*` directories, and box-named directories without an
+/// owner marker (left by earlier versions, which made the directory before its marker and
+/// deleted it in place). Each older than the grace period is removed, at most
+/// `sweep.max_removals`.
+pub(crate) fn sweep_leftovers(base: &Path, sweep: LeftoverSweep) -> Result<LeftoverReport> {
+    let mut report = LeftoverReport::default();
+    let entries = match fs::read_dir(base) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(report),
+        Err(e) => return Err(Error::io(base, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(base, e))?;
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let path = entry.path();
+        let meta = match fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => m,
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        let leftover = name.starts_with(CREATING_PREFIX)
+            || name.starts_with(TRASH_PREFIX)
+            || (is_box_name(&name)
+                && matches!(fs::symlink_metadata(path.join(MARKER)), Err(e) if e.kind() == io::ErrorKind::NotFound));
+        if !leftover {
+            continue;
+        }
+        if !sweep.is_past_grace(meta.modified().ok()) {
+            report.in_grace += 1;
+        } else if report.removed >= sweep.max_removals {
+            report.deferred += 1;
+        } else if sweep.dry_run {
+            report.removed += 1;
+        } else {
+            // A box-named one is moved out of its name first, like any box removal.
+            let removed = if is_box_name(&name) {
+                remove_box_dir(&path)
+            } else {
+                remove_any(&path)
+            };
+            match removed {
+                Ok(()) => report.removed += 1,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove a leftover box directory");
+                    report.failed += 1;
+                }
+            }
+        }
+    }
+    Ok(report)
 }
 
 /// Remove staging and old-workspace directories a crashed import left in `box_dir`.

@@ -129,7 +129,7 @@ impl Inner {
     }
 
     fn remove_box(&self) -> Result<()> {
-        fsutil::remove_any(&self.box_dir).map_err(|e| Error::io(&self.box_dir, e))
+        fsutil::remove_box_dir(&self.box_dir).map_err(|e| Error::io(&self.box_dir, e))
     }
 
     /// The workspace directory, opened (a symlink in its place is refused, as a workspace

@@ -399,6 +399,23 @@ impl SnapshotStore for OssSnapshotStore {
             None => list_directory(inner, full),
         }
     }
+
+    /// Not supported: a put that fails or is dropped aborts its multipart upload, but the
+    /// parts of one whose process was killed stay on the server, invisible to listings and
+    /// billed, and the object-store client cannot list unfinished uploads to abort them. Give
+    /// the bucket a lifecycle rule that aborts them instead (S3's
+    /// `AbortIncompleteMultipartUpload` with `DaysAfterInitiation`; OSS's
+    /// `AbortMultipartUpload`).
+    async fn sweep_leftovers(
+        &self,
+        _sweep: sandbox_core::LeftoverSweep,
+    ) -> Result<sandbox_core::LeftoverReport> {
+        Err(Error::NotSupported {
+            backend: self.inner.name,
+            operation: "aborting the multipart uploads of killed writers (set the bucket's \
+                        AbortIncompleteMultipartUpload lifecycle rule)",
+        })
+    }
 }
 
 /// One request per page, sent when the consumer has read the previous page.

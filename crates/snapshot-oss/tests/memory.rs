@@ -272,3 +272,27 @@ async fn listing_reads_pages_lazily_and_strips_the_prefix() {
     let names: Vec<&str> = listed.iter().map(|m| m.key.as_str()).collect();
     assert_eq!(names, ["chunks/a"]);
 }
+
+/// The store cannot list the multipart uploads a killed process left: its sweep is a typed
+/// `NotSupported` naming the lifecycle rule, and snapshot gc goes on without it.
+#[tokio::test]
+async fn leftover_sweep_is_not_supported_and_gc_goes_on() {
+    let (store, ()) = memory().await;
+    let err = store
+        .sweep_leftovers(sandbox_core::LeftoverSweep::default())
+        .await
+        .expect_err("not supported");
+    assert!(
+        matches!(&err, Error::NotSupported { operation, .. } if operation.contains("AbortIncompleteMultipartUpload")),
+        "{err}"
+    );
+    let report = sandbox_core::snapshot::gc(
+        &*store,
+        &sandbox_core::archive::ArchivePolicy::default(),
+        sandbox_core::snapshot::GcOptions::default(),
+        &sandbox_core::MemoryStateStore::new(),
+    )
+    .await
+    .expect("gc");
+    assert_eq!(report.leftovers, None);
+}

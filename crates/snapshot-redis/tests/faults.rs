@@ -603,3 +603,99 @@ async fn killed_mid_stop(format: SnapshotFormat, after: usize) {
     }
     assert!(published > 0);
 }
+
+const KILL_CHILD: &str = "SANDBOX_REDIS_KILLED_WRITER_PREFIX";
+const KILL_MARK: &str = "killed-writer-mark";
+
+/// The child side of `killed_writers_leave_only_expiring_parts`: one put of 32 MiB (64 KiB
+/// parts) under the prefix it is given, killed by the parent wherever it is by then.
+async fn killed_writer_child() {
+    let Ok(prefix) = std::env::var(KILL_CHILD) else {
+        return;
+    };
+    let mut options = common::options()
+        .part_size(64 * 1024)
+        .upload_ttl(Duration::from_secs(3600));
+    options.connection.key_prefix = prefix;
+    let store = RedisSnapshotStore::new(options).expect("store");
+    // Far more than it can send before the last kill point.
+    let data = pattern(3, 32 * 1024 * 1024);
+    println!("\n{KILL_MARK}");
+    let _ = store
+        .put(&key("packs/ab/killed"), pieces(&data, 16 * 1024), None)
+        .await;
+    // Finished before the kill: wait for it.
+    futures::future::pending::<()>().await;
+}
+
+/// A writer SIGKILLed at many points of its upload (this binary again, as a child) cleans up
+/// nothing, and needs nothing cleaned: what it leaves are unpublished parts that each carry
+/// the upload TTL, no metadata and no index entry, so listings never show them and
+/// `sweep_leftovers` has nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(redis_tests), ignore = "needs Redis; run by cargo xtask test")]
+async fn killed_writers_leave_only_expiring_parts() {
+    use std::io::BufRead as _;
+    killed_writer_child().await;
+    let options = common::options()
+        .part_size(64 * 1024)
+        .upload_ttl(Duration::from_secs(3600));
+    let (store, _purge) = common::store_with(options.clone()).await;
+    let kept = key("packs/ab/kept");
+    store
+        .put_bytes(&kept, Bytes::from(pattern(1, 100_000)))
+        .await
+        .unwrap();
+    let published = part_keys(&options).await;
+    let mut left_behind = 0;
+    for k in 0..8u64 {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "killed_writers_leave_only_expiring_parts",
+                "--nocapture",
+                "--include-ignored",
+            ])
+            .env(KILL_CHILD, &options.connection.key_prefix)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        for line in lines {
+            if line.unwrap() == KILL_MARK {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2 * k * k));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let parts = part_keys(&options).await;
+        for name in parts.iter().filter(|n| !published.contains(n)) {
+            let left = pttl(&options.connection.url, name).await;
+            assert!(
+                (1..=3_600_000).contains(&left),
+                "a killed writer's part expires on its own: {name} {left}"
+            );
+        }
+        left_behind = left_behind.max(parts.len() - published.len());
+        let listed: Vec<String> = store
+            .list_all("")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.key.to_string())
+            .collect();
+        assert_eq!(listed, ["packs/ab/kept"], "a put cut short shows nowhere");
+    }
+    assert!(
+        left_behind > 0,
+        "no kill landed inside an upload: the test proved nothing"
+    );
+    let swept = store
+        .sweep_leftovers(sandbox_core::LeftoverSweep::default().grace(Duration::ZERO))
+        .await
+        .unwrap();
+    assert!(swept.is_empty(), "{swept:?}");
+    assert_eq!(read(&*store, &kept).await.unwrap(), pattern(1, 100_000));
+}

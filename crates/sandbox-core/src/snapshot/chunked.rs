@@ -32,6 +32,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
 
+use super::BlobKey;
 use super::manifest::{ChunkLocation, ChunkRef, Manifest};
 use super::pack::{
     Coalesce, MAX_PACK_CHUNKS, MAX_REDIRECT_DEPTH, PackId, Piece, RangeRead, Redirect,
@@ -70,7 +71,7 @@ pub(super) async fn take(
     ctx: &TakeContext<'_>,
     plan: Plan,
     parent: Option<&Manifest>,
-) -> Result<(Manifest, u64, u64)> {
+) -> Result<(Manifest, u64, u64, Vec<BlobKey>)> {
     let spec = ctx.spec;
     // Every location the parent knows, by content: a chunk's or pack piece's hash, and for an
     // old bundle slice holding a whole small file, that file's hash.
@@ -91,6 +92,7 @@ pub(super) async fn take(
     }
     let mut chunked: HashMap<RelPath, FileChunks> = HashMap::new();
     let mut uploaded = 0u64;
+    let mut written: Vec<BlobKey> = Vec::new();
     if !plan.changed.is_empty() {
         // Every file to be read (a first snapshot): the whole tree, one plain export, rather
         // than a list of every path (which a backend driven by commands would pass as
@@ -120,21 +122,35 @@ pub(super) async fn take(
         // A failed upload is the cause when the chunker saw its channel close: report it first.
         let mut put_error = None;
         for put in puts {
-            match put
-                .await
-                .map_err(|e| Error::backend("core", "pack upload", e.to_string()))
-                .and_then(|r| r)
-            {
-                Ok(n) => uploaded += n,
-                Err(e) => {
+            match put.await {
+                Ok((id, Ok(n))) => {
+                    uploaded += n;
+                    written.push(id.key());
+                }
+                // A failed put may still have stored its pack (an answer lost on the way):
+                // deleted with the others.
+                Ok((id, Err(e))) => {
+                    written.push(id.key());
                     put_error.get_or_insert(e);
+                }
+                Err(e) => {
+                    put_error.get_or_insert(Error::backend("core", "pack upload", e.to_string()));
                 }
             }
         }
-        if let Some(e) = put_error {
+        let failed = match (put_error, chunk_result) {
+            (Some(e), _) | (None, Err(e)) => Some(e),
+            (None, Ok(files)) => {
+                chunked = files;
+                None
+            }
+        };
+        if let Some(e) = failed {
+            // Nothing references the packs this snapshot wrote: they go now, not at a gc an
+            // hour later (on a full disk they would fail every call until then).
+            super::discard(&*spec.store, &written).await;
             return Err(e);
         }
-        chunked = chunk_result?;
     }
     let files_hashed = chunked.len() as u64;
     let mut entries = Vec::with_capacity(plan.entries.len());
@@ -159,10 +175,12 @@ pub(super) async fn take(
         },
         uploaded,
         files_hashed,
+        written,
     ))
 }
 
-type PutHandle = tokio::task::JoinHandle<Result<u64>>;
+/// A pack's upload: its id (to delete it if the snapshot fails) and the put's answer.
+type PutHandle = tokio::task::JoinHandle<(PackId, Result<u64>)>;
 
 /// Appends chunks to packs, each one streamed `put` (run on the runtime) fed through a short
 /// channel: the chunker never holds more than a few chunks per open pack.
@@ -315,7 +333,7 @@ impl PackWriter {
             .boxed();
             let put = store.put(&id.key(), data, None).await;
             drop(held); // the store holds none of the pack any more
-            put
+            (id, put)
         }));
         OpenPack {
             id,
@@ -1037,7 +1055,7 @@ mod tests {
         .await
         .expect("writer");
         for put in puts {
-            put.await.expect("join").expect("put");
+            put.await.expect("join").1.expect("put");
         }
         let stored = crate::snapshot::SnapshotStoreExt::list_all(&*store, "packs/")
             .await
@@ -1106,7 +1124,7 @@ mod tests {
         .await
         .expect("writer");
         for put in puts {
-            put.await.expect("join").expect("put");
+            put.await.expect("join").1.expect("put");
         }
         // Chunks by pack, in order, each starting where the previous one ended.
         let mut by_pack: Vec<(PackId, Vec<usize>)> = Vec::new();
@@ -1186,6 +1204,12 @@ mod tests {
         fn list(&self, prefix: &str) -> crate::snapshot::BlobStream {
             self.inner.list(prefix)
         }
+        async fn sweep_leftovers(
+            &self,
+            sweep: crate::leftover::LeftoverSweep,
+        ) -> Result<crate::leftover::LeftoverReport> {
+            self.inner.sweep_leftovers(sweep).await
+        }
     }
 
     /// A pack whose stream the store has read frees its streaming slot: the chunker goes on
@@ -1224,6 +1248,7 @@ mod tests {
                 .await
                 .expect("the last puts never met at the gate")
                 .expect("join")
+                .1
                 .expect("put");
         }
         assert_eq!(
@@ -1314,7 +1339,7 @@ mod tests {
         .await
         .expect("chunker");
         for put in puts {
-            put.await.expect("join").expect("put");
+            put.await.expect("join").1.expect("put");
         }
         let files = files.expect("chunked");
         assert_eq!(files.len(), 4);

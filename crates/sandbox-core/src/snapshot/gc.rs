@@ -49,6 +49,7 @@ use super::{BlobKey, BlobMeta, SnapshotStore, SnapshotStoreExt as _};
 use crate::archive::ArchivePolicy;
 use crate::backend::SandboxClient;
 use crate::error::{Error, Result};
+use crate::leftover::{LeftoverReport, LeftoverSweep};
 use crate::state_store::StateStore;
 use crate::stream;
 
@@ -65,6 +66,11 @@ pub struct GcOptions {
     /// A pack older than the grace period whose live bytes are below this percentage of its
     /// size is repacked. `0` never repacks. Default 50.
     pub repack_below: u8,
+    /// At most this many deletions per run — leftovers swept, snapshots retired, chunks,
+    /// packs (a repack counts as one) and redirects deleted; the rest wait for the next run
+    /// ([`GcReport::deferred`]). A snapshot whose retirement is deferred is kept, and so is
+    /// everything it references. Default: no bound.
+    pub max_deletions: usize,
 }
 
 impl Default for GcOptions {
@@ -74,6 +80,7 @@ impl Default for GcOptions {
             grace: super::DEFAULT_GC_GRACE,
             dry_run: false,
             repack_below: 50,
+            max_deletions: usize::MAX,
         }
     }
 }
@@ -100,6 +107,12 @@ impl GcOptions {
     /// Repack packs whose live share is below `percent` (0 never repacks; at most 100).
     pub fn repack_below(mut self, percent: u8) -> Self {
         self.repack_below = percent.min(100);
+        self
+    }
+
+    /// Bound the deletions of one run.
+    pub fn max_deletions(mut self, n: usize) -> Self {
+        self.max_deletions = n;
         self
     }
 }
@@ -135,6 +148,28 @@ pub struct GcReport {
     /// Referenced pack locations found nowhere (neither the pack nor a redirect holds them):
     /// snapshots that will not restore. Logged at warn.
     pub locations_missing: usize,
+    /// Deletions left for the next run by [`GcOptions::max_deletions`] (leftovers deferred
+    /// are counted in [`leftovers`](Self::leftovers) as well).
+    pub deferred: usize,
+    /// What the store's sweep of crash leftovers did
+    /// ([`SnapshotStore::sweep_leftovers`]); `None` where the store cannot sweep them.
+    pub leftovers: Option<LeftoverReport>,
+}
+
+/// What one run may still delete ([`GcOptions::max_deletions`]).
+struct Budget(usize);
+
+impl Budget {
+    /// Take one deletion, or count it deferred.
+    fn take(&mut self, report: &mut GcReport) -> bool {
+        if self.0 == 0 {
+            report.deferred += 1;
+            false
+        } else {
+            self.0 -= 1;
+            true
+        }
+    }
 }
 
 /// Manifest keys by namespace, oldest first (ids are UUIDv7, so key order is time order).
@@ -324,6 +359,26 @@ pub async fn gc_with(
     native: NativeDeleter<'_>,
 ) -> Result<GcReport> {
     let mut report = GcReport::default();
+    let mut budget = Budget(options.max_deletions);
+    // 0. What killed writers left: referenced by nothing, whatever the manifests say.
+    let sweep = LeftoverSweep::default()
+        .grace(options.grace)
+        .max_removals(budget.0)
+        .dry_run(options.dry_run);
+    match store.sweep_leftovers(sweep).await {
+        Ok(swept) => {
+            budget.0 -= swept.removed.min(budget.0);
+            report.deferred += swept.deferred;
+            report.leftovers = Some(swept);
+        }
+        Err(Error::NotSupported { .. }) => {
+            tracing::debug!(
+                store = store.name(),
+                "the store cannot sweep crash leftovers"
+            );
+        }
+        Err(e) => return Err(e),
+    }
     // 1. Chunks and packs first: anything uploaded after this listing is not a candidate.
     let chunks = store.list_all("chunks/").await?;
     let packed = store.list_all("packs/").await?;
@@ -332,13 +387,19 @@ pub async fn gc_with(
     let mut live = Marks::default();
     let mut seen: HashSet<BlobKey> = HashSet::new();
     for (ns, keys) in &manifests(store).await? {
-        let doomed: HashSet<&BlobKey> = if pinned_namespaces.contains(ns) {
+        let mut doomed: HashSet<&BlobKey> = if pinned_namespaces.contains(ns) {
             HashSet::new()
         } else {
             excess(keys, options.keep_last, &pinned)
                 .into_iter()
                 .collect()
         };
+        // Past the bound, the oldest go first; the others are kept (and marked) this run.
+        for key in keys {
+            if doomed.contains(key) && !budget.take(&mut report) {
+                doomed.remove(key);
+            }
+        }
         for key in keys {
             seen.insert(key.clone());
             if doomed.contains(key) {
@@ -380,7 +441,7 @@ pub async fn gc_with(
             report.chunks_live += 1;
         } else if chunk.modified_unix.is_none_or(|m| m > cutoff) {
             report.chunks_in_grace += 1;
-        } else {
+        } else if budget.take(&mut report) {
             if !options.dry_run {
                 store.delete(&chunk.key).await?;
             }
@@ -401,6 +462,7 @@ pub async fn gc_with(
         &old,
         options,
         &mut report,
+        &mut budget,
     )
     .await?;
     Ok(report)
@@ -429,6 +491,8 @@ fn resolve(
     None
 }
 
+// Step 5 and 6 of one run, with the run's state (report, deletions left) passed in.
+#[allow(clippy::too_many_arguments)]
 async fn sweep_packs(
     store: &dyn SnapshotStore,
     listed: Vec<BlobMeta>,
@@ -437,6 +501,7 @@ async fn sweep_packs(
     old: &(dyn Fn(&BlobMeta) -> bool + Sync),
     options: GcOptions,
     report: &mut GcReport,
+    budget: &mut Budget,
 ) -> Result<()> {
     let mut packs: HashMap<PackId, BlobMeta> = HashMap::new();
     let mut redirect_blobs: HashMap<PackId, BlobMeta> = HashMap::new();
@@ -501,6 +566,9 @@ async fn sweep_packs(
         if !old(meta) {
             report.packs_in_grace += 1;
         } else if pieces.is_empty() {
+            if !budget.take(report) {
+                continue;
+            }
             if !options.dry_run {
                 store.delete(&meta.key).await?;
             }
@@ -509,6 +577,10 @@ async fn sweep_packs(
         } else if u128::from(live_bytes) * 100
             < u128::from(meta.size) * u128::from(options.repack_below)
         {
+            if !budget.take(report) {
+                report.packs_live += 1;
+                continue;
+            }
             if !options.dry_run {
                 match repack(store, id, &pieces, &mut redirects).await {
                     Ok(()) => {}
@@ -530,7 +602,7 @@ async fn sweep_packs(
     for (id, meta) in redirect_blobs {
         if used.contains(&id) || !old(&meta) {
             report.redirects_live += 1;
-        } else {
+        } else if budget.take(report) {
             if !options.dry_run {
                 store.delete(&meta.key).await?;
             }

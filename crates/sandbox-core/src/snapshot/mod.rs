@@ -400,14 +400,15 @@ pub async fn take(
         exclude_globs: request.exclude_globs.clone(),
         parent_id: parent.map(|(r, _)| r.id.clone()),
     };
-    let (manifest, data_bytes, files_hashed) = match spec.format {
+    let (manifest, data_bytes, files_hashed, written) = match spec.format {
         SnapshotFormat::Tar => tar_format::take(handle, &ctx, &live).await?,
         SnapshotFormat::Chunked => {
             chunked::take(handle, &ctx, plan, parent.map(|(_, m)| &**m)).await?
         }
         SnapshotFormat::Native => unreachable!("native snapshots return above"),
     };
-    finish_take(
+    let manifest_key = manifest_key(ns, &manifest.header.id)?;
+    let finished = finish_take(
         spec,
         ns,
         manifest,
@@ -415,7 +416,33 @@ pub async fn take(
         files_hashed,
         request.projection_hash,
     )
-    .await
+    .await;
+    if finished.is_err() {
+        // No state references this snapshot yet: what it wrote (its packs or archive, and a
+        // manifest a failed put may still have stored) goes at once, so a store the snapshot
+        // filled is not left full until the next gc.
+        let mut doomed = written;
+        doomed.push(manifest_key);
+        discard(&*spec.store, &doomed).await;
+    }
+    finished
+}
+
+/// Delete `keys`, written by a snapshot that failed before anything referenced them. Best
+/// effort: what cannot be deleted now is unreferenced, so the next gc deletes it.
+async fn discard(store: &dyn SnapshotStore, keys: &[BlobKey]) {
+    let mut failed = 0usize;
+    for key in keys {
+        if let Err(e) = store.delete(key).await {
+            failed += 1;
+            tracing::warn!(key = %key, error = %e, "cannot delete a blob of a failed snapshot; the next gc will");
+        }
+    }
+    tracing::debug!(
+        deleted = keys.len() - failed,
+        failed,
+        "deleted the blobs of a failed snapshot"
+    );
 }
 
 /// Store `manifest` and describe the new snapshot.

@@ -12,6 +12,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::leftover::{LeftoverReport, LeftoverSweep};
 use crate::reach::Reach;
 use crate::stream::{self, ByteStream};
 
@@ -182,6 +183,21 @@ pub trait SnapshotStore: Send + Sync + fmt::Debug + 'static {
     /// as the stream is read (a store with millions of chunks is never listed into memory at
     /// once). A blob written or deleted while the stream runs may or may not appear.
     fn list(&self, prefix: &str) -> BlobStream;
+
+    /// Remove what writers killed mid-`put` left behind that no key names (temporary files,
+    /// unfinished uploads), older than `sweep.grace` and never one a `put` of this process is
+    /// still writing; at most `sweep.max_removals` of them. Snapshot [`gc`](super::gc) runs it.
+    ///
+    /// The default is [`Error::NotSupported`]: a store that cannot know its leftovers says so
+    /// (gc then reports none swept). A store whose unfinished writes cannot outlive a crash
+    /// (they expire, or are never visible) returns an empty report; a wrapper must forward it.
+    async fn sweep_leftovers(&self, sweep: LeftoverSweep) -> Result<LeftoverReport> {
+        let _ = sweep;
+        Err(Error::NotSupported {
+            backend: self.name(),
+            operation: "sweeping crash leftovers (sweep_leftovers)",
+        })
+    }
 }
 
 /// Conveniences over [`SnapshotStore`].
@@ -247,6 +263,10 @@ impl SnapshotStore for NoopSnapshotStore {
     fn list(&self, _prefix: &str) -> BlobStream {
         futures::stream::empty().boxed()
     }
+
+    async fn sweep_leftovers(&self, _sweep: LeftoverSweep) -> Result<LeftoverReport> {
+        Ok(LeftoverReport::default()) // it writes nothing
+    }
 }
 
 /// Blobs as files under a directory: written to a temporary name, fsynced, then renamed into
@@ -276,14 +296,38 @@ fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
     );
 }
 
-/// A temporary file removed when dropped, unless disarmed (`.0 = None`) after its rename.
-struct TmpGuard(Option<PathBuf>);
+/// Prefix of a local put's temporary file: `.tmp-<pid>-<seq>-<name>` beside its blob.
+const TMP_PREFIX: &str = ".tmp-";
+
+/// The temporary files puts of this process are writing (full paths): never swept, whatever
+/// their age (a put whose input stalls keeps an old mtime).
+static IN_FLIGHT: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn in_flight() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<PathBuf>> {
+    IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A temporary file, registered as in flight from before it exists until it is gone: removed
+/// when dropped, unless disarmed (`armed = false`) after its rename.
+struct TmpGuard {
+    path: PathBuf,
+    armed: bool,
+}
+
+impl TmpGuard {
+    fn new(path: PathBuf) -> Self {
+        in_flight().insert(path.clone());
+        TmpGuard { path, armed: true }
+    }
+}
 
 impl Drop for TmpGuard {
     fn drop(&mut self) {
-        if let Some(tmp) = self.0.take() {
-            let _ = std::fs::remove_file(tmp);
+        if self.armed {
+            let _ = std::fs::remove_file(&self.path);
         }
+        in_flight().remove(&self.path);
     }
 }
 
@@ -333,13 +377,13 @@ impl SnapshotStore for LocalDirSnapshotStore {
             .await
             .map_err(|e| Error::io(&parent, e))?;
         let tmp = parent.join(format!(
-            ".tmp-{}-{}-{}",
+            "{TMP_PREFIX}{}-{}-{}",
             std::process::id(),
             TMP_SEQ.fetch_add(1, Ordering::Relaxed),
             path.file_name().and_then(|n| n.to_str()).unwrap_or("blob")
         ));
         // Removes the temporary file on every way out but success, a dropped put included.
-        let mut guard = TmpGuard(Some(tmp.clone()));
+        let mut guard = TmpGuard::new(tmp.clone());
         // The file is written by a blocking task fed the stream's buffers as they are (no copy
         // into an async file's buffer, no task per write), so the disk works while the stream
         // produces; every `WRITEBACK_EVERY` bytes it asks the kernel to start writing back
@@ -402,7 +446,7 @@ impl SnapshotStore for LocalDirSnapshotStore {
         })
         .await
         .map_err(|e| Error::backend("local", "blob write", e.to_string()))??;
-        guard.0 = None;
+        guard.armed = false;
         Ok(n)
     }
 
@@ -475,6 +519,73 @@ impl SnapshotStore for LocalDirSnapshotStore {
         });
         tokio_stream_of_pages(rx)
     }
+
+    /// Temporary files (`.tmp-*`, anywhere under the directory) older than the grace period
+    /// that no put of this process is writing: what puts killed mid-way left.
+    async fn sweep_leftovers(&self, sweep: LeftoverSweep) -> Result<LeftoverReport> {
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || sweep_temporaries(&dir, sweep))
+            .await
+            .map_err(|e| Error::backend("local", "sweep leftovers", e.to_string()))?
+    }
+}
+
+/// Walk `root` (never following a symlink) and remove the temporaries `sweep` allows.
+fn sweep_temporaries(root: &Path, sweep: LeftoverSweep) -> Result<LeftoverReport> {
+    let mut report = LeftoverReport::default();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(&dir, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(&dir, e))?;
+            let path = entry.path();
+            let meta = match std::fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::io(&path, e)),
+            };
+            let temporary = entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(TMP_PREFIX));
+            if meta.is_dir() {
+                if !temporary {
+                    stack.push(path);
+                }
+                continue;
+            }
+            if !temporary {
+                continue;
+            }
+            if in_flight().contains(&path) {
+                report.in_use += 1;
+            } else if !sweep.is_past_grace(meta.modified().ok()) {
+                report.in_grace += 1;
+            } else if report.removed >= sweep.max_removals {
+                report.deferred += 1;
+            } else if sweep.dry_run {
+                report.removed += 1;
+                report.bytes_freed += meta.len();
+            } else {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {
+                        report.removed += 1;
+                        report.bytes_freed += meta.len();
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // finished meanwhile
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot remove a leftover temporary file");
+                        report.failed += 1;
+                    }
+                }
+            }
+        }
+    }
+    Ok(report)
 }
 
 /// Blobs per page of a local listing.
@@ -732,6 +843,87 @@ mod tests {
             return;
         }
         panic!("the put never drew a name in the window");
+    }
+
+    /// Age a file by `secs` (its mtime is what the sweep's grace reads).
+    fn age(path: &Path, secs: u64) {
+        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        file.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(secs))
+            .unwrap();
+    }
+
+    /// Temporaries of killed puts (anywhere under the store) past the grace period are
+    /// removed, young ones and blobs are kept, and so is the temporary of a put this process
+    /// is still writing however old it looks; the bound defers the rest.
+    #[tokio::test]
+    async fn sweep_removes_old_temporaries_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(LocalDirSnapshotStore::new(dir.path()));
+        let blob = BlobKey::new("packs/ab/p1.pack").unwrap();
+        store.put_bytes(&blob, "pack".into()).await.unwrap();
+        let packs = dir.path().join("packs/ab");
+        let old: Vec<PathBuf> = (0..3)
+            .map(|i| packs.join(format!(".tmp-999999-{i}-p{i}.pack")))
+            .collect();
+        for p in &old {
+            std::fs::write(p, "partial").unwrap();
+            age(p, 7200);
+        }
+        let young = dir.path().join(".tmp-999999-9-manifest");
+        std::fs::write(&young, "partial").unwrap();
+        // A put in flight whose input stalls, its temporary made to look old.
+        let stalled_key = BlobKey::new("packs/cd/p2.pack").unwrap();
+        let stalling: ByteStream = Box::pin(
+            futures::stream::iter([Ok(bytes::Bytes::from_static(b"first"))])
+                .chain(futures::stream::pending()),
+        );
+        let put = {
+            let store = store.clone();
+            tokio::spawn(async move { store.put(&stalled_key, stalling, None).await })
+        };
+        let stalled = loop {
+            let found = std::fs::read_dir(dir.path().join("packs/cd"))
+                .ok()
+                .and_then(|mut d| d.next())
+                .map(|e| e.unwrap().path());
+            if let Some(p) = found {
+                break p;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
+        age(&stalled, 7200);
+        let sweep = LeftoverSweep::default().grace(std::time::Duration::from_secs(3600));
+
+        let dry = store.sweep_leftovers(sweep.dry_run(true)).await.unwrap();
+        assert_eq!(
+            (dry.removed, dry.in_grace, dry.in_use),
+            (3, 1, 1),
+            "{dry:?}"
+        );
+        assert!(old.iter().all(|p| p.exists()), "a dry run removes nothing");
+
+        let bounded = store.sweep_leftovers(sweep.max_removals(2)).await.unwrap();
+        assert_eq!((bounded.removed, bounded.deferred), (2, 1), "{bounded:?}");
+        assert_eq!(bounded.bytes_freed, 2 * "partial".len() as u64);
+        let rest = store.sweep_leftovers(sweep).await.unwrap();
+        assert_eq!(
+            (rest.removed, rest.deferred, rest.in_use),
+            (1, 0, 1),
+            "{rest:?}"
+        );
+        assert!(old.iter().all(|p| !p.exists()));
+        assert!(
+            young.exists(),
+            "a young temporary may be another process's put"
+        );
+        assert!(
+            stalled.exists(),
+            "the temporary of a running put is never swept"
+        );
+        assert!(store.exists(&blob).await.unwrap());
+        put.abort();
+        let _ = put.await;
+        assert!(!stalled.exists(), "the dropped put removed its own");
     }
 
     #[tokio::test]

@@ -22,7 +22,7 @@ pub(super) async fn take(
     handle: &dyn BoxHandle,
     ctx: &TakeContext<'_>,
     live: &[TreeEntry],
-) -> Result<(Manifest, u64, u64)> {
+) -> Result<(Manifest, u64, u64, Vec<BlobKey>)> {
     let request = ctx.export_request(None);
     let exported = handle.export(&request).await?;
     let listed: HashMap<RelPath, TreeEntry> =
@@ -90,6 +90,7 @@ pub(super) async fn take(
         },
         size,
         files,
+        vec![key],
     ))
 }
 

@@ -219,6 +219,13 @@ impl SandboxClient for FaultyClient {
         self.script.step("client.delete_native_snapshot").await?;
         self.inner.delete_native_snapshot(reference).await
     }
+    async fn sweep_leftovers(
+        &self,
+        sweep: crate::leftover::LeftoverSweep,
+    ) -> Result<crate::leftover::LeftoverReport> {
+        self.script.step("client.sweep_leftovers").await?;
+        self.inner.sweep_leftovers(sweep).await
+    }
 }
 
 #[derive(Debug)]
@@ -419,6 +426,13 @@ impl SnapshotStore for FaultySnapshotStore {
                 Err(e) => futures::stream::iter([Err(e)]).boxed(),
             })
             .boxed()
+    }
+    async fn sweep_leftovers(
+        &self,
+        sweep: crate::leftover::LeftoverSweep,
+    ) -> Result<crate::leftover::LeftoverReport> {
+        self.script.step("snap.sweep_leftovers").await?;
+        self.inner.sweep_leftovers(sweep).await
     }
 }
 

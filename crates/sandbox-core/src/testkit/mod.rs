@@ -34,7 +34,7 @@ pub use stores::{
 };
 
 use crate::backend::{Persistence, SandboxClient};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::exec::ExecRequest;
 use crate::guard::InProcessGuard;
 use crate::isolation::{CallContext, IsolationKey, IsolationScope};
@@ -865,6 +865,147 @@ pub async fn failed_snapshot_keeps_previous(fx: &dyn Fixture) {
         .filter(|b| b.size == 0)
         .collect();
     assert!(leftovers.is_empty(), "no partial blobs: {leftovers:?}");
+}
+
+/// A stop whose data fits the store but whose manifest does not (the disk fills at the
+/// manifest's write: `ENOSPC`) fails the call, and deletes the packs (or archive) it wrote
+/// before the error is returned: the store holds exactly what it held before, so the next
+/// call succeeds without waiting for a gc. Both formats that write data blobs.
+pub async fn failed_manifest_write_leaves_nothing(fx: &dyn Fixture) {
+    for format in [SnapshotFormat::Chunked, SnapshotFormat::Tar] {
+        let env = Env::of(fx).await;
+        let full = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let store = HookedStore::new(env.snapshots.clone()).on_put({
+            let full = full.clone();
+            move |key, data| {
+                if !key.as_str().ends_with(".manifest")
+                    || !full.load(std::sync::atomic::Ordering::SeqCst)
+                {
+                    return data;
+                }
+                let path = key.to_string();
+                futures::StreamExt::boxed(futures::StreamExt::map(data, move |_| {
+                    Err(Error::io(
+                        path.clone(),
+                        std::io::Error::from(std::io::ErrorKind::StorageFull),
+                    ))
+                }))
+            }
+        });
+        let config =
+            SandboxConfig::new(spec()).snapshots(SnapshotSpec::new(Arc::new(store)).format(format));
+        let m = env.manager(
+            fx.client(Persistence::Ephemeral).await,
+            IsolationScope::Session,
+            config,
+        );
+        let ctx = env.ctx().session("manifest-full");
+        call(&m, &ctx, |sb| async move {
+            sh(&sb, "echo one > a.txt").await;
+        })
+        .await;
+        let before = env.snapshots.list_all("").await.expect("list");
+        full.store(true, std::sync::atomic::Ordering::SeqCst);
+        let err = m
+            .call(&ctx, |sb| async move {
+                sh(
+                    &sb,
+                    "head -c 300000 /dev/urandom > big.bin; echo two > a.txt",
+                )
+                .await;
+            })
+            .await
+            .expect_err("the manifest cannot be written");
+        assert_eq!(err.error.kind(), ErrorKind::Io, "{format:?}: {err}");
+        let after = env.snapshots.list_all("").await.expect("list");
+        let keys = |blobs: &[crate::snapshot::BlobMeta]| {
+            blobs.iter().map(|b| b.key.to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            keys(&after),
+            keys(&before),
+            "{format:?}: the failed stop's blobs are gone when its error is returned"
+        );
+        full.store(false, std::sync::atomic::Ordering::SeqCst);
+        call(&m, &ctx, |sb| async move {
+            assert_eq!(read(&sb, "a.txt").await.as_deref(), Some("one\n"));
+            sh(&sb, "echo three > a.txt").await;
+        })
+        .await;
+    }
+    failed_pack_upload_leaves_nothing(fx).await;
+}
+
+/// A chunked stop whose third pack upload fails after two packs were stored: the call fails
+/// and the packs it stored are deleted before its error is returned.
+async fn failed_pack_upload_leaves_nothing(fx: &dyn Fixture) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let env = Env::of(fx).await;
+    // Pack puts let through before one fails (`usize::MAX`: never).
+    let let_through = Arc::new(AtomicUsize::new(usize::MAX));
+    let store = HookedStore::new(env.snapshots.clone()).on_put({
+        let let_through = let_through.clone();
+        move |key, data| {
+            if !key.as_str().starts_with("packs/") {
+                return data;
+            }
+            let left = let_through.load(Ordering::SeqCst);
+            if left == usize::MAX {
+                return data;
+            }
+            let_through.store(left.saturating_sub(1), Ordering::SeqCst);
+            if left > 0 {
+                return data;
+            }
+            let path = key.to_string();
+            futures::StreamExt::boxed(futures::StreamExt::map(data, move |_| {
+                Err(Error::io(
+                    path.clone(),
+                    std::io::Error::from(std::io::ErrorKind::StorageFull),
+                ))
+            }))
+        }
+    });
+    // Packs of one chunk each (every chunk is larger than the target): a 3 MB file is many.
+    let config = SandboxConfig::new(spec()).snapshots(
+        SnapshotSpec::new(Arc::new(store))
+            .format(SnapshotFormat::Chunked)
+            .pack_size(1),
+    );
+    let m = env.manager(
+        fx.client(Persistence::Ephemeral).await,
+        IsolationScope::Session,
+        config,
+    );
+    let ctx = env.ctx().session("pack-full");
+    call(&m, &ctx, |sb| async move {
+        sh(&sb, "echo one > a.txt").await;
+    })
+    .await;
+    let before = env.snapshots.list_all("").await.expect("list");
+    let_through.store(2, Ordering::SeqCst);
+    let err = m
+        .call(&ctx, |sb| async move {
+            sh(&sb, "head -c 3000000 /dev/urandom > big.bin").await;
+        })
+        .await
+        .expect_err("the third pack cannot be written");
+    assert_eq!(err.error.kind(), ErrorKind::Io, "{err}");
+    let after = env.snapshots.list_all("").await.expect("list");
+    let keys = |blobs: &[crate::snapshot::BlobMeta]| {
+        blobs.iter().map(|b| b.key.to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        keys(&after),
+        keys(&before),
+        "the packs the failed stop stored are gone when its error is returned"
+    );
+    let_through.store(usize::MAX, Ordering::SeqCst);
+    call(&m, &ctx, |sb| async move {
+        assert_eq!(read(&sb, "a.txt").await.as_deref(), Some("one\n"));
+        assert_eq!(read(&sb, "big.bin").await, None);
+    })
+    .await;
 }
 
 /// Malformed state and unknown backend tags are typed errors; the stored state is not
@@ -1701,6 +1842,7 @@ macro_rules! conformance_tests {
     (snapshots: $fixture:expr $(, #[$attr:meta])* $(,)?) => {
         $crate::conformance_tests!(@each [$fixture] [$(#[$attr])*]
             restore_after_release restore_after_external_loss second_replica_restores
+            failed_manifest_write_leaves_nothing
             hostile_snapshot_rejected failed_snapshot_keeps_previous panic_and_cancel_still_persist
             skip_unchanged chunked_incremental_across_replicas retention_and_gc
             chunked_restore_reuses_live_files same_size_rewrites_are_snapshotted);
@@ -1727,6 +1869,7 @@ macro_rules! conformance_tests {
             restore_after_release restore_after_external_loss restore_all_and_cold_note
             second_replica_restores scope_isolation projection_lifecycle timeout_kills_grandchildren
             exec_basics hostile_snapshot_rejected failed_snapshot_keeps_previous
+            failed_manifest_write_leaves_nothing
             bad_state_is_a_typed_error user_managed_sandbox_is_shared panic_and_cancel_still_persist
             bind_mounts_are_not_archived skip_unchanged chunked_incremental_across_replicas retention_and_gc chunked_restore_reuses_live_files
             same_size_rewrites_are_snapshotted hard_links_survive_snapshots);

@@ -273,6 +273,12 @@ impl SnapshotStore for CountingStore {
         self.counts.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.list(prefix)
     }
+    async fn sweep_leftovers(
+        &self,
+        sweep: crate::leftover::LeftoverSweep,
+    ) -> Result<crate::leftover::LeftoverReport> {
+        self.inner.sweep_leftovers(sweep).await
+    }
 }
 
 /// What [`HookedStore`] runs at each `put`: it sees the key and the input, and returns the
@@ -408,5 +414,11 @@ impl SnapshotStore for HookedStore {
 
     fn list(&self, prefix: &str) -> BlobStream {
         self.inner.list(prefix)
+    }
+    async fn sweep_leftovers(
+        &self,
+        sweep: crate::leftover::LeftoverSweep,
+    ) -> Result<crate::leftover::LeftoverReport> {
+        self.inner.sweep_leftovers(sweep).await
     }
 }
