@@ -235,9 +235,7 @@ impl DaytonaOptions {
         if sandbox_core::raw_userinfo(&self.api_url).is_some() {
             return Err(Error::invalid(
                 "api url",
-                format!(
-                    "`{shown}` carries user info; Daytona authenticates with the API key only"
-                ),
+                format!("`{shown}` carries user info; Daytona authenticates with the API key only"),
             ));
         }
         match &self.api_key {
