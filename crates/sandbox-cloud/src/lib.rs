@@ -8,6 +8,7 @@
 //! - [`owner`]: the owner tags every remote box carries (metadata, labels), and reading them
 //!   back for `gc`.
 
+mod base_url;
 pub mod owner;
 mod secret;
 
@@ -19,6 +20,7 @@ use reqwest::header::{HeaderMap, RETRY_AFTER};
 use sandbox_core::{Error, Result};
 use serde::de::DeserializeOwned;
 
+pub use base_url::BaseUrl;
 pub use secret::Secret;
 
 /// Timeouts and the retry budget of an [`Http`].

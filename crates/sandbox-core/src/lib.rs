@@ -15,6 +15,7 @@ mod path;
 pub mod posix;
 pub mod projection;
 mod reach;
+mod redact;
 mod sandbox;
 pub mod scripted;
 pub mod snapshot;
@@ -48,6 +49,7 @@ pub use manager::{
 pub use path::RelPath;
 pub use projection::{Projection, ProjectionOutcome};
 pub use reach::Reach;
+pub use redact::{RedactedUrl, UserInfo, raw_userinfo, redact_url, split_userinfo};
 pub use sandbox::{Sandbox, SandboxConfig, StartBranch, StartReport, StopReport};
 pub use snapshot::{
     BlobKey, LocalDirSnapshotStore, NoopSnapshotStore, SnapshotRef, SnapshotSpec, SnapshotStore,

@@ -81,10 +81,20 @@ pub async fn collect_prefix(mut stream: ByteStream, limit: usize) -> Result<Byte
     Ok(buf.freeze())
 }
 
+/// Most bytes a buffer is sized for up front from a length that came from outside (a manifest,
+/// a store's listing, a tar header, a file's metadata). Larger payloads grow as their bytes
+/// arrive, so a hostile length of 2^36 costs nothing until that many bytes really come.
+pub const PREALLOC_MAX: usize = 4 << 20;
+
+/// The capacity to reserve for `len` announced bytes: `len`, at most [`PREALLOC_MAX`].
+pub fn capacity_for(len: u64) -> usize {
+    usize::try_from(len).map_or(PREALLOC_MAX, |l| l.min(PREALLOC_MAX))
+}
+
 /// [`collect`] into a buffer sized for `expected` bytes up front (no regrowth for payloads of
-/// a known size).
+/// a known size up to [`PREALLOC_MAX`]; `expected` is a hint and may be hostile).
 pub async fn collect_sized(mut stream: ByteStream, expected: usize, limit: usize) -> Result<Bytes> {
-    let mut buf = bytes::BytesMut::with_capacity(expected.min(limit));
+    let mut buf = bytes::BytesMut::with_capacity(capacity_for(expected.min(limit) as u64));
     while let Some(chunk) = stream.next().await {
         let chunk = chunk?;
         if buf.len() + chunk.len() > limit {

@@ -76,7 +76,7 @@ pub struct DaytonaOptions {
 impl fmt::Debug for DaytonaOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DaytonaOptions")
-            .field("api_url", &self.api_url)
+            .field("api_url", &sandbox_core::RedactedUrl(&self.api_url))
             .field("api_key", &self.api_key.as_ref().map(|_| "***"))
             .field("source", &self.source)
             .field("cpu", &self.cpu)
@@ -223,10 +223,19 @@ impl DaytonaOptions {
 
     /// Check the options (a clear [`Error::InvalidInput`] for each mistake).
     pub fn validate(&self) -> Result<()> {
+        let shown = sandbox_core::redact_url(&self.api_url);
         if !(self.api_url.starts_with("http://") || self.api_url.starts_with("https://")) {
             return Err(Error::invalid(
                 "api url",
-                format!("`{}` is not an http(s) URL", self.api_url),
+                format!("`{shown}` is not an http(s) URL"),
+            ));
+        }
+        // The API key goes in `Authorization: Bearer`; user info in the URL would be a second
+        // `Authorization` (reqwest sends it as basic auth), and shows wherever the URL does.
+        if sandbox_core::raw_userinfo(&self.api_url).is_some() {
+            return Err(Error::invalid(
+                "api url",
+                format!("`{shown}` carries user info; Daytona authenticates with the API key only"),
             ));
         }
         match &self.api_key {

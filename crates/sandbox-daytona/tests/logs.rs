@@ -7,8 +7,13 @@ mod common;
 use std::sync::Arc;
 
 use daytona_testserver::{DaytonaTestServer, TestServerOptions};
-use sandbox_core::testkit::logs::{SECRET, secrets_stay_out_of_logs};
-use sandbox_daytona::DaytonaClient;
+use sandbox_core::testkit::logs::{
+    LogCapture, SECRET, assert_secret_hidden, secret_urls, secrets_stay_out_of_logs,
+};
+use sandbox_daytona::{DaytonaClient, DaytonaOptions, Secret};
+
+/// The tests of this binary share the process's log capture: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
@@ -16,6 +21,8 @@ use sandbox_daytona::DaytonaClient;
     ignore = "needs Docker and the pod image; run by cargo xtask test"
 )]
 async fn secrets_stay_out_of_logs_daytona() {
+    let _serial = SERIAL.lock().await;
+    LogCapture::global();
     let server = DaytonaTestServer::start(TestServerOptions {
         api_key: Some(SECRET.to_owned()),
         ..TestServerOptions::default()
@@ -30,4 +37,24 @@ async fn secrets_stay_out_of_logs_daytona() {
         "the backend's records are captured"
     );
     assert!(logs.contains("sandbox started"), "{logs}");
+}
+
+/// User info in the API URL (the marker with raw `/`, `#`, `?`, `@` and percent-encoding,
+/// [`secret_urls`]) shows in no `Debug`, no error and no log line: such a URL is refused
+/// (Daytona authenticates with the API key only), with the URL redacted. Needs no service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_credentials_stay_out_of_debug_errors_and_logs() {
+    let _serial = SERIAL.lock().await;
+    let capture = LogCapture::global();
+    capture.take();
+    let mut shown = Vec::new();
+    for url in secret_urls("https", "daytona.example:443/api") {
+        let o = DaytonaOptions::new(url.clone(), Secret::new("key"));
+        shown.push(format!("{o:?}"));
+        let err = DaytonaClient::new(o).expect_err("user info is refused");
+        assert_eq!(err.kind(), sandbox_core::ErrorKind::InvalidInput, "{err}");
+        assert!(err.to_string().contains("***@daytona.example"), "{err}");
+        shown.push(format!("{err} {err:?}"));
+    }
+    assert_secret_hidden(&shown, &capture.take());
 }

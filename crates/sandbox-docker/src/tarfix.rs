@@ -302,7 +302,7 @@ pub(crate) fn read_single<R: Read>(reader: R, limit: u64) -> Result<Single> {
                     format!("larger than the {limit}-byte read limit"),
                 ));
             }
-            let mut buf = Vec::with_capacity(entry.size() as usize);
+            let mut buf = Vec::with_capacity(sandbox_core::stream::capacity_for(entry.size()));
             entry.read_to_end(&mut buf).map_err(read_err)?;
             Single::File(buf)
         }

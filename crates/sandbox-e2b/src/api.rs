@@ -112,7 +112,8 @@ pub(crate) struct CreateSpec<'a> {
 #[derive(Clone)]
 pub(crate) struct Api {
     http: Http,
-    base: String,
+    /// Without user info (sent as basic auth: [`BaseUrl`]).
+    base: sandbox_cloud::BaseUrl,
     key: Secret,
 }
 
@@ -139,13 +140,13 @@ fn found<T>(r: Result<T>) -> Result<Option<T>> {
 
 impl Api {
     pub(crate) fn new(base: &str, key: Secret, options: sandbox_cloud::HttpOptions) -> Result<Api> {
-        let base = base.trim_end_matches('/').to_owned();
+        let base = sandbox_cloud::BaseUrl::new(base);
         let http = Http::new(BACKEND, format!("e2b api at {base}"), options)?;
         Ok(Api { http, base, key })
     }
 
     fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+        self.base.join(path)
     }
 
     fn req(
@@ -154,8 +155,8 @@ impl Api {
         method: reqwest::Method,
         url: &str,
     ) -> reqwest::RequestBuilder {
-        client
-            .request(method, url)
+        self.base
+            .apply(client.request(method, url))
             .header("X-API-Key", self.key.expose())
     }
 

@@ -45,7 +45,8 @@ const UNARY_TIMEOUT: Duration = Duration::from_secs(30);
 /// One sandbox's envd: where it is and its access token. `Debug` hides the token.
 pub(crate) struct Envd {
     client: reqwest::Client,
-    base: String,
+    /// Without user info (sent as basic auth: [`sandbox_cloud::BaseUrl`]).
+    base: sandbox_cloud::BaseUrl,
     sandbox_id: String,
     token: Option<Secret>,
 }
@@ -81,10 +82,10 @@ impl Envd {
         sandbox_id: &str,
         token: Option<Secret>,
     ) -> Self {
-        let base = match sandbox_url {
-            Some(u) => u.trim_end_matches('/').to_owned(),
+        let base = sandbox_cloud::BaseUrl::new(&match sandbox_url {
+            Some(u) => u.to_owned(),
             None => format!("https://{ENVD_PORT}-{sandbox_id}.{domain}"),
-        };
+        });
         Envd {
             client,
             base,
@@ -95,7 +96,7 @@ impl Envd {
 
     #[cfg(test)]
     pub(crate) fn base(&self) -> &str {
-        &self.base
+        self.base.as_str()
     }
 
     fn who(&self) -> String {
@@ -104,8 +105,8 @@ impl Envd {
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let mut r = self
-            .client
-            .request(method, format!("{}{path}", self.base))
+            .base
+            .apply(self.client.request(method, self.base.join(path)))
             .header("E2b-Sandbox-Id", &self.sandbox_id)
             .header("E2b-Sandbox-Port", ENVD_PORT.to_string());
         if let Some(t) = &self.token {

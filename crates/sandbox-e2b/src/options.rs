@@ -79,9 +79,12 @@ impl fmt::Debug for E2bOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("E2bOptions")
             .field("api_key", &self.api_key.as_ref().map(|_| "***"))
-            .field("api_url", &self.api_url)
+            .field("api_url", &sandbox_core::RedactedUrl(&self.api_url))
             .field("domain", &self.domain)
-            .field("sandbox_url", &self.sandbox_url)
+            .field(
+                "sandbox_url",
+                &self.sandbox_url.as_deref().map(sandbox_core::RedactedUrl),
+            )
             .field("template", &self.template)
             .field("sandbox_timeout", &self.sandbox_timeout)
             .field("metadata", &self.metadata.keys().collect::<Vec<_>>())
@@ -270,12 +273,15 @@ impl E2bOptions {
             ("sandbox url", self.sandbox_url.as_ref()),
         ] {
             if let Some(url) = url {
-                let parsed = reqwest::Url::parse(url)
-                    .map_err(|e| Error::invalid("e2b options", format!("{what} `{url}`: {e}")))?;
+                // User info is sent as basic auth, never as part of the URL (nor shown).
+                let (bare, _) = sandbox_core::split_userinfo(url);
+                let shown = sandbox_core::redact_url(url);
+                let parsed = reqwest::Url::parse(&bare)
+                    .map_err(|e| Error::invalid("e2b options", format!("{what} `{shown}`: {e}")))?;
                 if !matches!(parsed.scheme(), "http" | "https") {
                     return Err(Error::invalid(
                         "e2b options",
-                        format!("{what} `{url}` is not http(s)"),
+                        format!("{what} `{shown}` is not http(s)"),
                     ));
                 }
             }

@@ -449,7 +449,7 @@ fn rename_entries(input: ByteStream, from: RelPath, to: RelPath) -> ByteStream {
                     h.set_entry_type(tar::EntryType::Regular);
                     h.set_size(*size);
                     let path = moved(path)?;
-                    let mut data = Vec::with_capacity(*size as usize);
+                    let mut data = Vec::with_capacity(stream::capacity_for(*size));
                     entry.read_to_end(&mut data).map_err(bad)?;
                     out.append_data(&mut h, path.as_str(), &data[..])
                 }

@@ -98,7 +98,7 @@ impl fmt::Debug for Connection {
             Connection::ServiceDns => f.write_str("ServiceDns"),
             Connection::Router { url, token } => f
                 .debug_struct("Router")
-                .field("url", url)
+                .field("url", &sandbox_core::RedactedUrl(url))
                 .field("token", &token.as_ref().map(|_| "<redacted>"))
                 .finish(),
             Connection::Gateway {
@@ -360,7 +360,18 @@ impl K8sOptions {
             {
                 return Err(Error::invalid(
                     "router URL",
-                    format!("`{url}` is not an http(s) URL"),
+                    format!("`{}` is not an http(s) URL", sandbox_core::redact_url(url)),
+                ));
+            }
+            // The router's token goes in `Authorization: Bearer`; user info in the URL would
+            // be a second `Authorization`, and shows wherever the URL does.
+            Connection::Router { url, .. } if sandbox_core::raw_userinfo(url).is_some() => {
+                return Err(Error::invalid(
+                    "router URL",
+                    format!(
+                        "`{}` carries user info; pass the router's token instead",
+                        sandbox_core::redact_url(url)
+                    ),
                 ));
             }
             Connection::Gateway {
@@ -412,6 +423,26 @@ pub(crate) fn check_label(what: &'static str, value: &str, max: usize) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// User info in the router URL (the marker with raw `/`, `#`, `?`, `@` and
+    /// percent-encoding) shows in neither `Debug` nor the error refusing it.
+    #[test]
+    fn router_url_credentials_are_refused_and_never_shown() {
+        use sandbox_core::testkit::logs::{SECRET, assert_secret_hidden, secret_urls};
+        let mut shown = Vec::new();
+        for url in secret_urls("http", "router.example:8080") {
+            for runtime in [Runtime::Legacy, Runtime::default()] {
+                let o = K8sOptions::new("pool")
+                    .runtime(runtime)
+                    .api_url(url.clone(), Some("token".into()));
+                shown.push(format!("{o:?}"));
+                let err = o.validate().expect_err("user info is refused");
+                assert_eq!(err.kind(), sandbox_core::ErrorKind::InvalidInput, "{err}");
+                shown.push(format!("{err} {err:?}"));
+            }
+        }
+        assert_secret_hidden(&shown, "");
+    }
 
     #[test]
     fn defaults_are_valid() {

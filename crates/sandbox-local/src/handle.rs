@@ -178,7 +178,8 @@ impl Inner {
         if meta.is_dir() {
             return Err(Error::invalid("file", format!("`{path}` is a directory")));
         }
-        let mut data = Vec::with_capacity(meta.len() as usize);
+        // The size is only a hint (a sparse file may claim terabytes).
+        let mut data = Vec::with_capacity(sandbox_core::stream::capacity_for(meta.len()));
         file.read_to_end(&mut data)
             .map_err(|e| Error::io(&abs, e))?;
         Ok(Bytes::from(data))

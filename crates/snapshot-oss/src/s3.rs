@@ -43,7 +43,10 @@ impl fmt::Debug for S3Config {
             .field("from_env", &self.from_env)
             .field("bucket", &self.bucket)
             .field("prefix", &self.prefix)
-            .field("endpoint", &self.endpoint)
+            .field(
+                "endpoint",
+                &self.endpoint.as_deref().map(sandbox_core::RedactedUrl),
+            )
             .field("region", &self.region)
             .field("access_key_id", &self.access_key_id)
             .field("secret_access_key", &self.secret_access_key)
@@ -293,6 +296,18 @@ impl S3Config {
         let endpoint = b
             .get_config_value(&AmazonS3ConfigKey::Endpoint)
             .unwrap_or_else(|| "aws".to_owned());
+        // Requests are signed with the access key; user info in the endpoint (set in code or
+        // by `AWS_ENDPOINT`) would only travel in URLs that the HTTP stack logs and errors quote.
+        if sandbox_core::raw_userinfo(&endpoint).is_some() {
+            return Err(Error::invalid(
+                "s3 endpoint",
+                format!(
+                    "`{}` carries user info; S3 credentials go in `credentials` (or \
+                     AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)",
+                    sandbox_core::redact_url(&endpoint)
+                ),
+            ));
+        }
         let s3 = b.build().map_err(|e| {
             // The builder's messages name keys and values it could not parse: never a secret,
             // but scrub anyway.
@@ -337,7 +352,10 @@ fn bucket_host(endpoint: &str, bucket: &str) -> Result<String> {
     let (scheme, rest) = endpoint.split_once("://").ok_or_else(|| {
         Error::invalid(
             "s3 endpoint",
-            format!("`{endpoint}` is not a URL (http[s]://host[:port])"),
+            format!(
+                "`{}` is not a URL (http[s]://host[:port])",
+                sandbox_core::redact_url(endpoint)
+            ),
         )
     })?;
     if rest.starts_with(&format!("{bucket}.")) {

@@ -11,9 +11,39 @@ use futures::StreamExt as _;
 use sandbox_core::Error;
 use sandbox_core::snapshot::{BlobKey, SnapshotStore, SnapshotStoreExt as _};
 use sandbox_core::testkit::blobs::{pattern, pieces};
-use sandbox_core::testkit::logs::{LogCapture, SECRET};
+use sandbox_core::testkit::logs::{LogCapture, SECRET, assert_secret_hidden, secret_urls};
 use snapshot_oss::testkit::{ACCESS_KEY, S3fs, free_port, test_options};
 use snapshot_oss::{MIB, S3Config};
+
+/// The tests of this binary that capture logs share the process's capture: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// User info in the endpoint (the marker with raw `/`, `#`, `?`, `@` and percent-encoding,
+/// [`secret_urls`]) shows in no `Debug`, no error and no log line: such an endpoint is refused
+/// (requests are signed with the access key), with the URL redacted. Needs no server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_credentials_stay_out_of_debug_errors_and_logs() {
+    let _serial = SERIAL.lock().await;
+    let capture = LogCapture::global();
+    capture.take();
+    let mut shown = Vec::new();
+    for url in secret_urls("http", "127.0.0.1:1") {
+        for virtual_hosted in [false, true] {
+            let config = S3Config::new("b")
+                .endpoint(url.clone())
+                .region("us-east-1")
+                .credentials("AKID", "key")
+                .virtual_hosted_style(virtual_hosted)
+                .allow_http(true);
+            shown.push(format!("{config:?}"));
+            let err = config.build().expect_err("user info is refused");
+            assert_eq!(err.kind(), sandbox_core::ErrorKind::InvalidInput, "{err}");
+            assert!(err.to_string().contains("***@"), "{err}");
+            shown.push(format!("{err} {err:?}"));
+        }
+    }
+    assert_secret_hidden(&shown, &capture.take());
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debug_output_hides_credentials() {
@@ -33,6 +63,7 @@ async fn debug_output_hides_credentials() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(s3_tests), ignore = "needs s3s-fs; run by cargo xtask test")]
 async fn secrets_stay_out_of_logs_errors_and_debug() {
+    let _serial = SERIAL.lock().await;
     let capture = LogCapture::global();
     let server = S3fs::start_with_secret(SECRET);
     server.create_bucket("logs");

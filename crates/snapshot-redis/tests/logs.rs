@@ -9,13 +9,44 @@ use std::time::Duration;
 use bytes::Bytes;
 use sandbox_core::snapshot::{BlobKey, SnapshotStore as _, SnapshotStoreExt as _};
 use sandbox_core::stream;
-use sandbox_core::testkit::logs::{LogCapture, SECRET};
+use sandbox_core::testkit::logs::{LogCapture, SECRET, assert_secret_hidden, secret_urls};
 use snapshot_redis::{RedisSnapshotOptions, RedisSnapshotStore};
 use store_redis::testkit::{Server, free_port};
+
+/// The tests of this binary share the process's log capture: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Passwords with raw `/`, `#`, `?`, `@` and percent-encoding ([`secret_urls`]) show in no
+/// `Debug` of [`RedisSnapshotOptions`] or the store, no error and no log line at `TRACE`,
+/// whether the URL is refused or the server (a closed port here) is not there. No server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hard_passwords_stay_out_of_logs_errors_and_debug() {
+    let _serial = SERIAL.lock().await;
+    let capture = LogCapture::global();
+    capture.take();
+    let mut shown = Vec::new();
+    let mut reached = 0;
+    let k = BlobKey::new("snapshots/ns/a.tar").unwrap();
+    for url in secret_urls("redis", &format!("127.0.0.1:{}/0", free_port())) {
+        let options = RedisSnapshotOptions::new(url).connect_timeout(Duration::from_millis(300));
+        shown.push(format!("{options:?}"));
+        match RedisSnapshotStore::new(options) {
+            Err(e) => shown.push(format!("{e} {e:?}")),
+            Ok(store) => {
+                let e = store.exists(&k).await.unwrap_err();
+                shown.push(format!("{e} {e:?} {store:?}"));
+                reached += 1;
+            }
+        }
+    }
+    assert!(reached > 0, "some URLs parse and are tried");
+    assert_secret_hidden(&shown, &capture.take());
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(redis_tests), ignore = "needs Redis; run by cargo xtask test")]
 async fn passwords_and_contents_stay_out_of_logs() {
+    let _serial = SERIAL.lock().await;
     let capture = LogCapture::global();
     let server = Server::start(&["--save", "", "--appendonly", "no", "--requirepass", SECRET]);
     let options = RedisSnapshotOptions::new(server.url(Some(SECRET)))

@@ -308,10 +308,9 @@ fn needs_new_manager(e: &RedisError) -> bool {
 
 /// The password as written in the URL (still percent-encoded), if any.
 fn raw_password(url: &str) -> Option<String> {
-    let (_, rest) = url.split_once("://")?;
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    if let Some((userinfo, _)) = authority.rsplit_once('@') {
-        // `redis://secret@host`: some read it as a user name; scrub it all the same.
+    // The user info is everything up to the URL's last `@` (a password may hold raw `/`, `#`,
+    // `?` or `@`); `redis://secret@host` is read as a user name by some: scrub it all the same.
+    if let Some(userinfo) = sandbox_core::raw_userinfo(url) {
         let pw = userinfo.split_once(':').map_or(userinfo, |(_, pw)| pw);
         return Some(pw.to_owned());
     }
@@ -399,6 +398,10 @@ mod tests {
     fn raw_passwords_are_found() {
         assert_eq!(raw_password("redis://:p%40w@h").as_deref(), Some("p%40w"));
         assert_eq!(raw_password("redis://u:pw@h/1").as_deref(), Some("pw"));
+        assert_eq!(
+            raw_password("redis://u:p/w#x?y@z@h/1").as_deref(),
+            Some("p/w#x?y@z")
+        );
         assert_eq!(raw_password("redis://h:6379"), None);
         assert_eq!(
             raw_password("redis+unix:///s.sock?pass=pw").as_deref(),

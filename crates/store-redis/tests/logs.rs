@@ -9,15 +9,53 @@ mod common;
 use std::time::Duration;
 
 use common::{Server, free_port};
-use sandbox_core::testkit::logs::{LogCapture, SECRET};
+use sandbox_core::testkit::logs::{LogCapture, SECRET, assert_secret_hidden, secret_urls};
 use sandbox_core::testkit::states::key;
 use sandbox_core::{Error, StateStore};
 use sandbox_fs::{KvStore, Precondition};
 use store_redis::{RedisKvStore, RedisOptions, RedisStateStore};
 
+/// The tests of this binary share the process's log capture: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Passwords with raw `/`, `#`, `?`, `@` and percent-encoding ([`secret_urls`]) show in no
+/// `Debug`, no error and no log line at `TRACE`, whether the URL is refused or the server
+/// (a closed port here) is not there. Needs no server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hard_passwords_stay_out_of_logs_errors_and_debug() {
+    let _serial = SERIAL.lock().await;
+    let capture = LogCapture::global();
+    capture.take();
+    let mut shown = Vec::new();
+    let mut reached = 0;
+    for url in secret_urls("redis", &format!("127.0.0.1:{}/0", free_port())) {
+        let options = RedisOptions::new(url).connect_timeout(Duration::from_millis(300));
+        shown.push(format!("{options:?}"));
+        match RedisStateStore::new(options.clone()) {
+            Err(e) => shown.push(format!("{e} {e:?}")),
+            Ok(states) => {
+                shown.push(format!("{states:?}"));
+                let e = states.load(&key("hard")).await.unwrap_err();
+                shown.push(format!("{e} {e:?}"));
+                reached += 1;
+            }
+        }
+        match RedisKvStore::new(options) {
+            Err(e) => shown.push(format!("{e} {e:?}")),
+            Ok(kv) => {
+                let e = kv.get("ns", "k").await.unwrap_err();
+                shown.push(format!("{e} {e:?} {kv:?}"));
+            }
+        }
+    }
+    assert!(reached > 0, "some URLs parse and are tried");
+    assert_secret_hidden(&shown, &capture.take());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(redis_tests), ignore = "needs Redis; run by cargo xtask test")]
 async fn passwords_stay_out_of_logs_errors_and_debug() {
+    let _serial = SERIAL.lock().await;
     let capture = LogCapture::global();
     let server = Server::start(&["--save", "", "--appendonly", "no", "--requirepass", SECRET]);
     let options = RedisOptions::new(server.url(Some(SECRET)))

@@ -45,7 +45,7 @@ use crate::path::RelPath;
 use crate::stream::{self, ByteStream};
 
 /// Largest bundle accepted on restore (bundles were written up to the maximum chunk size).
-const MAX_BUNDLE: usize = 64 << 20;
+const MAX_BUNDLE: usize = super::manifest::MAX_BUNDLE_LEN as usize;
 
 /// Packs whose bytes are being streamed to the store at once, at most: one finishing while the
 /// next fills. A pack whose stream has ended but whose put has not returned yet (the store
@@ -686,16 +686,26 @@ impl PackReader {
         }
     }
 
-    /// A version 1 blob, checked against its hash (and length, for whole chunks).
+    /// A version 1 blob, checked against its hash (and length, for whole chunks). The length
+    /// comes from the manifest: it caps what is read (never more than [`MAX_BUNDLE`]) and is
+    /// only a hint for the buffer, which grows with the bytes the store really has.
     async fn blob(&self, hash: &str, whole_len: Option<u64>) -> Result<Bytes> {
         let key = chunk_key(hash)?;
-        let limit = whole_len.map_or(MAX_BUNDLE, |l| usize::try_from(l).unwrap_or(usize::MAX));
+        let limit = whole_len.map_or(MAX_BUNDLE, |l| {
+            usize::try_from(l).map_or(MAX_BUNDLE, |l| l.min(MAX_BUNDLE))
+        });
         let data = stream::collect_sized(
             self.store.get(&key).await?,
-            whole_len.map_or(1 << 20, |l| l as usize),
+            whole_len.map_or(1 << 20, |_| limit),
             limit,
         )
-        .await?;
+        .await
+        .map_err(|e| match e {
+            Error::InvalidInput { .. } => {
+                Error::unsafe_archive(key.as_str(), "blob is longer than its reference")
+            }
+            e => e,
+        })?;
         if whole_len.is_some_and(|l| data.len() as u64 != l)
             || blake3::hash(&data).to_hex().as_str() != hash
         {
@@ -1161,6 +1171,93 @@ mod tests {
                     .expect("list");
             assert_eq!(stored.len(), 1);
             assert_eq!(stored[0].size, total as u64);
+        }
+    }
+
+    /// A manifest (parsed or not) whose references carry hostile lengths and offsets over
+    /// tiny stored objects: restore fails with an error, never sizes a buffer from the length
+    /// (64,424,509,440 and 2^36 bytes over a 6-byte blob aborted the process with
+    /// `memory allocation of 64424509440 bytes failed`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hostile_lengths_fail_restore_without_allocating() {
+        use crate::backend::EntryType;
+        use crate::snapshot::manifest::{Header, ManifestEntry};
+        use crate::snapshot::pack::MAX_PIECE_LEN;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn SnapshotStore> = Arc::new(LocalDirSnapshotStore::new(dir.path()));
+        let small = b"hello\n";
+        let hash = blake3::hash(small).to_hex().to_string();
+        store
+            .put(&chunk_key(&hash).unwrap(), stream::once(&small[..]), None)
+            .await
+            .expect("blob");
+        let pack = PackId::generate();
+        store
+            .put(&pack.key(), stream::once(&small[..]), None)
+            .await
+            .expect("pack");
+        let spec = SnapshotSpec::new(store);
+        // (reference, whether reading the manifest refuses it already; the others are within
+        // bounds and only the store's bytes show them wrong)
+        let shapes = [
+            (ChunkRef::whole(hash.clone(), 64_424_509_440), true),
+            (ChunkRef::whole(hash.clone(), 1 << 36), true),
+            (ChunkRef::whole(hash.clone(), u64::MAX), true),
+            (ChunkRef::slice(hash.clone(), 1 << 36, 0), true),
+            (ChunkRef::slice(hash.clone(), 6, 1 << 36), true),
+            (ChunkRef::slice(hash.clone(), u64::MAX, u64::MAX), true),
+            (ChunkRef::slice(hash.clone(), 6, 3), false),
+            (ChunkRef::packed(hash.clone(), 1 << 36, pack, 0), true),
+            (
+                ChunkRef::packed(hash.clone(), u64::MAX, pack, u64::MAX),
+                true,
+            ),
+            (
+                ChunkRef::packed(hash.clone(), MAX_PIECE_LEN, pack, 0),
+                false,
+            ),
+            (ChunkRef::packed(hash.clone(), 6, pack, 1 << 36), false),
+        ];
+        for (chunk, refused) in shapes {
+            let entry = ManifestEntry {
+                path: RelPath::new("f").unwrap(),
+                kind: EntryType::File,
+                mode: 0o644,
+                size: chunk.len,
+                mtime_ns: 0,
+                inode: None,
+                hash: Some(hash.clone()),
+                link_target: None,
+                chunks: vec![chunk.clone()],
+            };
+            let manifest = Manifest {
+                header: Header {
+                    version: 2,
+                    id: "hostile".into(),
+                    parent: None,
+                    format: super::super::SnapshotFormat::Chunked,
+                    started_ns: 0,
+                    entries: 1,
+                    archive: None,
+                    native: None,
+                },
+                entries: vec![entry],
+            };
+            let bytes = manifest.to_bytes();
+            // Restore from the unchecked manifest fails with an error (an abort ends the test
+            // binary here).
+            let out = tokio::time::timeout(
+                Duration::from_secs(60),
+                stream::collect(
+                    restore_stream(&spec, Arc::new(manifest), HashSet::new(), None),
+                    64 << 20,
+                ),
+            )
+            .await
+            .expect("restore ends");
+            assert!(out.is_err(), "{chunk:?} restored");
+            let parsed = Manifest::read_from(&bytes[..], &ArchivePolicy::default());
+            assert_eq!(parsed.is_err(), refused, "{chunk:?} parsed: {parsed:?}");
         }
     }
 

@@ -446,7 +446,7 @@ pub async fn gc_with(
                 store.delete(&chunk.key).await?;
             }
             report.chunks_deleted += 1;
-            report.chunk_bytes_freed += chunk.size;
+            report.chunk_bytes_freed = report.chunk_bytes_freed.saturating_add(chunk.size);
         }
     }
     // 5 and 6. Packs and redirects.
@@ -562,7 +562,9 @@ async fn sweep_packs(
     for id in ids {
         let meta = &packs[&id];
         let pieces = live.remove(&id).unwrap_or_default();
-        let live_bytes: u64 = pieces.keys().map(|(_, len)| len).sum();
+        let live_bytes = pieces
+            .keys()
+            .fold(0u64, |n, (_, len)| n.saturating_add(*len));
         if !old(meta) {
             report.packs_in_grace += 1;
         } else if pieces.is_empty() {
@@ -573,7 +575,7 @@ async fn sweep_packs(
                 store.delete(&meta.key).await?;
             }
             report.packs_deleted += 1;
-            report.pack_bytes_freed += meta.size;
+            report.pack_bytes_freed = report.pack_bytes_freed.saturating_add(meta.size);
         } else if u128::from(live_bytes) * 100
             < u128::from(meta.size) * u128::from(options.repack_below)
         {
@@ -594,7 +596,9 @@ async fn sweep_packs(
                 }
             }
             report.packs_repacked += 1;
-            report.pack_bytes_freed += meta.size.saturating_sub(live_bytes);
+            report.pack_bytes_freed = report
+                .pack_bytes_freed
+                .saturating_add(meta.size.saturating_sub(live_bytes));
         } else {
             report.packs_live += 1;
         }

@@ -373,16 +373,27 @@ impl Manifest {
 }
 
 impl ChunkRef {
-    /// A packed piece is 1..=[`MAX_PIECE_LEN`] bytes and its end does not overflow.
+    /// Every reference is bounded before anything is sized from it: a packed piece is
+    /// 1..=[`MAX_PIECE_LEN`] bytes and its end does not overflow; a whole chunk blob (version 1)
+    /// is at most [`MAX_PIECE_LEN`] bytes (chunks were never larger); a bundle slice (version 1)
+    /// lies within the first [`MAX_BUNDLE_LEN`] bytes (bundles were never larger). Restore
+    /// still checks every length against the bytes the store really holds.
     fn len_in_bounds(&self) -> bool {
         match self.location {
             ChunkLocation::Pack { offset, .. } => {
                 self.len > 0 && self.len <= MAX_PIECE_LEN && offset.checked_add(self.len).is_some()
             }
-            ChunkLocation::Blob | ChunkLocation::Bundle { .. } => true,
+            ChunkLocation::Blob => self.len <= MAX_PIECE_LEN,
+            ChunkLocation::Bundle { offset } => offset
+                .checked_add(self.len)
+                .is_some_and(|end| end <= MAX_BUNDLE_LEN),
         }
     }
 }
+
+/// Largest bundle blob (manifest version 1) a slice may reference: bundles were written up to
+/// the largest chunk.
+pub const MAX_BUNDLE_LEN: u64 = MAX_PIECE_LEN;
 
 /// Read one line of at most [`MAX_LINE`] bytes; `false` at the end.
 fn read_line<R: BufRead>(r: &mut R, line: &mut Vec<u8>) -> Result<bool> {
@@ -486,6 +497,36 @@ mod tests {
                 "{bad} accepted"
             );
         }
+    }
+
+    /// The fuzz target's seeds: `valid` parses; every `hostile-*` seed (whole-blob, bundle and
+    /// pack references of 2^36 bytes and more, offsets that overflow, over a 6-byte blob) is
+    /// refused, and what parses never references a piece longer than [`MAX_PIECE_LEN`].
+    #[test]
+    fn fuzz_seeds_hostile_lengths_are_refused() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/seeds/manifest");
+        let p = ArchivePolicy::default();
+        let mut hostile = 0;
+        for entry in std::fs::read_dir(dir).expect("seeds") {
+            let path = entry.expect("seed").path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let bytes = std::fs::read(&path).expect("seed");
+            let parsed = Manifest::read_from(&bytes[..], &p);
+            if name.starts_with("hostile-") {
+                hostile += 1;
+                assert!(parsed.is_err(), "{name} accepted");
+            } else {
+                let m = parsed.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert!(
+                    m.entries
+                        .iter()
+                        .flat_map(|e| &e.chunks)
+                        .all(|c| c.len <= MAX_PIECE_LEN),
+                    "{name}"
+                );
+            }
+        }
+        assert!(hostile >= 8, "{hostile} hostile seeds");
     }
 
     #[test]

@@ -38,6 +38,89 @@ use crate::spec::WorkspaceSpec;
 /// The marker secret: a stand-in for a token, password or key.
 pub const SECRET: &str = "s3cr3t-MARKER-7f1";
 
+/// URLs `scheme://…@host_and_path` whose user info holds [`SECRET`] in every shape that
+/// confuses a URL parser or a naive redaction: raw `/`, `#`, `?` and `@` in the password,
+/// percent-encoding, the secret as the user name, a password without a user, a token as the
+/// only user info. Every option type that takes a URL checks its `Debug`, its errors and its
+/// logs with each of them.
+pub fn secret_urls(scheme: &str, host_and_path: &str) -> Vec<String> {
+    [
+        format!("user:{SECRET}/{SECRET}"),
+        format!("user:{SECRET}#{SECRET}"),
+        format!("user:{SECRET}?{SECRET}"),
+        format!("user:{SECRET}@{SECRET}"),
+        format!("user:{SECRET}%2F%23%3F%40{SECRET}"),
+        format!("user:a/b#c?d@{SECRET}%40e"),
+        format!("{SECRET}:{SECRET}"),
+        format!(":{SECRET}"),
+        SECRET.to_owned(),
+    ]
+    .into_iter()
+    .map(|info| format!("{scheme}://{info}@{host_and_path}"))
+    .collect()
+}
+
+/// A loopback HTTP/1.1 server that answers every request with `503` (so clients log, retry
+/// and fail) and keeps each request's head, to check what a client sent (basic auth taken
+/// out of a URL, say). Runs on a thread of its own until the process ends.
+#[derive(Debug, Clone)]
+pub struct RefusingServer {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
+impl RefusingServer {
+    /// Listen on a free loopback port.
+    pub fn start() -> RefusingServer {
+        use std::io::{Read as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+        let seen = heads.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 64 << 10 {
+                    match conn.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => break,
+                    }
+                }
+                seen.lock()
+                    .expect("heads lock")
+                    .push(String::from_utf8_lossy(&head).into_owned());
+                let _ = conn.write_all(
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
+            }
+        });
+        RefusingServer { port, heads }
+    }
+
+    /// The heads of the requests received so far.
+    pub fn heads(&self) -> Vec<String> {
+        self.heads.lock().expect("heads lock").clone()
+    }
+}
+
+/// Assert that [`SECRET`] is in none of `shown` (`Debug` output, error messages) and on no
+/// line of `logs`.
+pub fn assert_secret_hidden(shown: &[String], logs: &str) {
+    let leaks: Vec<&str> = logs.lines().filter(|l| l.contains(SECRET)).collect();
+    assert!(
+        leaks.is_empty(),
+        "the secret was logged:\n{}",
+        leaks.join("\n")
+    );
+    for s in shown {
+        assert!(!s.contains(SECRET), "the secret is shown: {s}");
+    }
+}
+
 /// Everything the process logs, kept in memory.
 #[derive(Debug, Clone, Default)]
 pub struct LogCapture {

@@ -17,6 +17,7 @@ pub mod faults;
 pub mod faulty;
 pub mod fs_state;
 pub mod guards;
+mod hostile;
 pub mod logs;
 pub mod native;
 pub mod race;
@@ -728,7 +729,9 @@ pub async fn exec_basics(fx: &dyn Fixture) {
 }
 
 /// A corrupted or hostile snapshot fails loudly with `RestoreIncomplete` (never a silent fresh
-/// start), the stored state is left alone, and the previous snapshot still restores.
+/// start, never an abort), the stored state is left alone, and the previous snapshot still
+/// restores: a tar archive replaced, and chunked manifests whose references carry lengths and
+/// offsets of 2^36 and beyond over tiny objects ([`hostile`]).
 pub async fn hostile_snapshot_rejected(fx: &dyn Fixture) {
     let env = Env::of(fx).await;
     // A tar-format snapshot's archive replaced by hostile ones (the chunked format's tampered
@@ -783,6 +786,9 @@ pub async fn hostile_snapshot_rejected(fx: &dyn Fixture) {
 
     // The earlier snapshot (a checkpoint kept from call 1) still restores.
     checkpoint_holds(&m, &ctx, r1.state_json.as_deref(), "v.txt", "v1\n").await;
+
+    // Chunked snapshots whose references carry hostile lengths and offsets.
+    hostile::hostile_chunked_snapshots(fx, &env).await;
 }
 
 /// A snapshot that fails mid-way (a store that dies after some bytes) fails the call, leaves

@@ -902,7 +902,7 @@ impl LocalFs {
             if meta.is_dir() {
                 return Err(is_dir(raw));
             }
-            let mut data = Vec::with_capacity(meta.len() as usize);
+            let mut data = Vec::with_capacity(sandbox_core::stream::capacity_for(meta.len()));
             file.read_to_end(&mut data)
                 .map_err(|e| Error::io(&abs, e))?;
             return Ok(Some(Bytes::from(data)));
