@@ -224,7 +224,7 @@ pub trait FilesystemExt: Filesystem {
     async fn grep(&self, options: GrepOptions) -> Result<GrepResult> {
         let deadline = Instant::now() + options.timeout;
         let compile = options.clone();
-        let regex = off_worker("grep", move |_| text::grep_regex(&compile)).await?;
+        let pattern = off_worker("grep", move |_| text::grep_regex(&compile)).await?;
         let include = options
             .include
             .as_deref()
@@ -275,7 +275,7 @@ pub trait FilesystemExt: Filesystem {
             let found = if data.len() <= INLINE_BYTES {
                 let text = text::searchable(&data).expect("checked above");
                 text::grep_text(
-                    &regex,
+                    &pattern,
                     &info.path,
                     text,
                     room,
@@ -283,10 +283,10 @@ pub trait FilesystemExt: Filesystem {
                     &work::Cancel::new(),
                 )?
             } else {
-                let (regex, path) = (regex.clone(), info.path.clone());
+                let (pattern, path) = (pattern.clone(), info.path.clone());
                 off_worker("grep", move |cancel| {
                     let text = text::searchable(&data).expect("checked above");
-                    text::grep_text(&regex, &path, text, room, deadline, cancel)
+                    text::grep_text(&pattern, &path, text, room, deadline, cancel)
                 })
                 .await?
             };

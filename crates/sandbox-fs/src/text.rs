@@ -385,10 +385,66 @@ pub(crate) fn relative_to<'a>(base: &str, path: &'a str) -> &'a str {
     }
 }
 
+/// A compiled grep pattern.
+#[derive(Debug, Clone)]
+pub(crate) struct GrepPattern {
+    regex: regex::Regex,
+    /// The longest match in bytes, where the pattern bounds it.
+    max_len: Option<usize>,
+}
+
+/// Lines longer than this are searched window by window (when the pattern's matches have a
+/// bounded length), so the flag and the deadline are looked at inside a long line too.
+const LINE_WINDOW: usize = 64 << 10;
+
+impl GrepPattern {
+    /// Whether `line` holds a match; `None` when the deadline passed first. A line longer
+    /// than [`LINE_WINDOW`] with a pattern whose matches are at most `max_len` bytes (below
+    /// the window) is searched in windows overlapping by more than `max_len`, each within the
+    /// whole line (so anchors and word boundaries see their real neighbours): a match found
+    /// that ends before its window's cut is a match of the line, and every match of the line
+    /// lies whole inside the window its start falls in.
+    fn line_matches(
+        &self,
+        line: &str,
+        deadline: std::time::Instant,
+        cancel: &Cancel,
+    ) -> Result<Option<bool>> {
+        let Some(max_len) = self
+            .max_len
+            .filter(|&l| l < LINE_WINDOW && line.len() > LINE_WINDOW)
+        else {
+            return Ok(Some(self.regex.is_match(line)));
+        };
+        let overlap = max_len + 4;
+        let mut start = 0;
+        while start < line.len() {
+            cancel.check()?;
+            if start > 0 && std::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            let mut cut = (start + LINE_WINDOW + overlap).min(line.len());
+            while !line.is_char_boundary(cut) {
+                cut += 1;
+            }
+            if let Some(m) = self.regex.find_at(&line[..cut], start)
+                && (m.end() < cut || cut == line.len())
+            {
+                return Ok(Some(true));
+            }
+            start += LINE_WINDOW;
+            while start < line.len() && !line.is_char_boundary(start) {
+                start += 1;
+            }
+        }
+        Ok(Some(false))
+    }
+}
+
 /// The compiled grep pattern: at most [`MAX_PATTERN_BYTES`] long, compiled within
 /// [`REGEX_SIZE_LIMIT`] (and a lazy DFA within [`REGEX_DFA_SIZE_LIMIT`]), so matching is linear
 /// in the text with a bounded factor (the regex crate's guarantee).
-pub(crate) fn grep_regex(options: &GrepOptions) -> Result<regex::Regex> {
+pub(crate) fn grep_regex(options: &GrepOptions) -> Result<GrepPattern> {
     if options.pattern.is_empty() {
         return Err(Error::invalid("grep pattern", "empty pattern"));
     }
@@ -407,7 +463,7 @@ pub(crate) fn grep_regex(options: &GrepOptions) -> Result<regex::Regex> {
     } else {
         options.pattern.clone()
     };
-    regex::RegexBuilder::new(&source)
+    let regex = regex::RegexBuilder::new(&source)
         .case_insensitive(options.case_insensitive)
         .size_limit(REGEX_SIZE_LIMIT)
         .dfa_size_limit(REGEX_DFA_SIZE_LIMIT)
@@ -426,7 +482,15 @@ pub(crate) fn grep_regex(options: &GrepOptions) -> Result<regex::Regex> {
                     first_line(&e.to_string())
                 ),
             ),
-        })
+        })?;
+    // The regex compiled, so the same syntax parses.
+    let max_len = regex_syntax::ParserBuilder::new()
+        .case_insensitive(options.case_insensitive)
+        .build()
+        .parse(&source)
+        .ok()
+        .and_then(|hir| hir.properties().maximum_len());
+    Ok(GrepPattern { regex, max_len })
 }
 
 fn first_line(s: &str) -> String {
@@ -454,7 +518,7 @@ pub(crate) enum GrepStop {
 /// The matching lines of `text` (at most `room`), and why the search stopped early, if it
 /// did. One pass over the lines; the flag and the deadline are looked at every 256 lines.
 pub(crate) fn grep_text(
-    regex: &regex::Regex,
+    pattern: &GrepPattern,
     path: &str,
     text: &str,
     room: usize,
@@ -469,7 +533,10 @@ pub(crate) fn grep_text(
                 return Ok((matches, Some(GrepStop::Deadline)));
             }
         }
-        if regex.is_match(line) {
+        let Some(found) = pattern.line_matches(line, deadline, cancel)? else {
+            return Ok((matches, Some(GrepStop::Deadline)));
+        };
+        if found {
             if matches.len() == room {
                 return Ok((matches, Some(GrepStop::Cap)));
             }
@@ -597,6 +664,54 @@ mod tests {
     }
 
     #[test]
+    fn long_lines_are_searched_in_windows_exactly() {
+        let c = &Cancel::new();
+        let far = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        let long = 3 * LINE_WINDOW + 123;
+        // A match straddling each window boundary, at the very end, anchored, or nowhere.
+        for (at, needle) in [
+            (LINE_WINDOW - 2, "abcd"),
+            (2 * LINE_WINDOW - 1, "abcd"),
+            (long - 4, "abcd"),
+            (0, "abcd"),
+        ] {
+            let mut line = "y".repeat(long);
+            line.replace_range(at..at + 4, needle);
+            for (pattern, expected) in [
+                ("abcd", true),
+                (r"\babcd", at == 0),
+                ("abcd$", at == long - 4),
+                ("^abcd", at == 0),
+                ("ab[a-z]d", true),
+                ("abce", false),
+            ] {
+                let p = grep_regex(&GrepOptions::new(pattern)).unwrap();
+                assert!(
+                    p.max_len.is_some_and(|l| l < 16),
+                    "{pattern}: {:?}",
+                    p.max_len
+                );
+                let got = p.line_matches(&line, far, c).unwrap();
+                assert_eq!(got, Some(expected), "{pattern} at {at}");
+                assert_eq!(p.regex.is_match(&line), expected, "{pattern} at {at}");
+            }
+        }
+        // A spurious `$` at a window's cut is not a match.
+        // (The first window's cut is `LINE_WINDOW + 8`: it ends in `zyyy`.)
+        let line = format!(
+            "{}z{}",
+            "y".repeat(LINE_WINDOW + 4),
+            "y".repeat(LINE_WINDOW)
+        );
+        let p = grep_regex(&GrepOptions::new("yz?$")).unwrap();
+        assert_eq!(p.line_matches(&line, far, c).unwrap(), Some(true));
+        let p = grep_regex(&GrepOptions::new("zy{3}$")).unwrap();
+        assert_eq!(p.line_matches(&line, far, c).unwrap(), Some(false));
+        // Unbounded patterns search the line in one call.
+        assert_eq!(grep_regex(&GrepOptions::new("a.*b")).unwrap().max_len, None);
+    }
+
+    #[test]
     fn crlf_needs_every_newline_after_a_return() {
         let c = &Cancel::new();
         assert!(is_crlf("a\r\nb\r\n", c).unwrap());
@@ -620,7 +735,7 @@ mod tests {
             )
             .is_err()
         );
-        let regex = regex::Regex::new("y").unwrap();
+        let regex = grep_regex(&GrepOptions::new("y")).unwrap();
         let far = std::time::Instant::now() + std::time::Duration::from_secs(3600);
         assert!(grep_text(&regex, "f", &text, 10, far, &raise).is_err());
         let (found, stop) = grep_text(&regex, "f", &text, 10, far, &c).unwrap();
