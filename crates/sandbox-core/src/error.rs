@@ -28,6 +28,8 @@ pub enum ErrorKind {
     Timeout,
     /// The caller passed something unacceptable (bad path, bad spec, bad archive).
     InvalidInput,
+    /// An input is larger than a documented limit; nothing was changed.
+    LimitExceeded,
     /// A service the operation needs could not be reached.
     Unavailable,
     /// The backend does not implement the operation.
@@ -102,6 +104,18 @@ pub enum Error {
         /// Which input ("workspace path", "spec", "blob key").
         what: &'static str,
         /// Why it was refused.
+        reason: String,
+    },
+
+    /// An input is larger than a documented limit (a file too big to load, a pattern too big
+    /// to compile, an edit whose result would be too big); nothing was changed.
+    #[error("{what} is over its limit of {limit}: {reason}")]
+    LimitExceeded {
+        /// What is too big ("file", "grep pattern", "edit result").
+        what: &'static str,
+        /// The limit, in the unit `reason` names (bytes unless it says otherwise).
+        limit: u64,
+        /// What was found and what to do instead.
         reason: String,
     },
 
@@ -228,6 +242,7 @@ impl Error {
             Error::InvalidInput { .. } | Error::PathEscape { .. } | Error::UnsafeArchive { .. } => {
                 ErrorKind::InvalidInput
             }
+            Error::LimitExceeded { .. } => ErrorKind::LimitExceeded,
             Error::RestoreIncomplete { .. }
             | Error::UnknownStateType { .. }
             | Error::MalformedState { .. } => ErrorKind::Corrupt,
@@ -321,6 +336,7 @@ impl From<Error> for std::io::Error {
         let kind = match err.kind() {
             ErrorKind::NotFound => std::io::ErrorKind::NotFound,
             ErrorKind::InvalidInput => std::io::ErrorKind::InvalidData,
+            ErrorKind::LimitExceeded => std::io::ErrorKind::FileTooLarge,
             ErrorKind::Timeout => std::io::ErrorKind::TimedOut,
             _ => std::io::ErrorKind::Other,
         };
@@ -359,6 +375,13 @@ mod tests {
             .is_retryable()
         );
         assert!(!Error::invalid("spec", "bad").is_retryable());
+        let big = Error::LimitExceeded {
+            what: "file",
+            limit: 64 << 20,
+            reason: "`a.log` has 80 MiB".into(),
+        };
+        assert_eq!(big.kind(), ErrorKind::LimitExceeded);
+        assert!(!big.is_retryable());
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod shared;
 mod text;
 pub mod tools;
 mod types;
+mod work;
 
 pub use facade::{AgentFs, FilesystemSpec, filesystem};
 pub use filesystem::{Filesystem, FilesystemExt, Shell, UpdateFn, no_shell};
@@ -19,5 +20,9 @@ pub use shared::{SharedStore, SharedStoreFs, SharedStoreOptions};
 pub use tools::{ToolDefinition, ToolOutput, Tools};
 pub use types::{
     EditOutcome, EditRequest, FileInfo, FileKind, GlobOptions, GlobResult, GrepMatch, GrepOptions,
-    GrepResult, ReadOptions, TextWindow, WriteOutcome,
+    GrepResult, ListResult, ReadOptions, TextWindow, WriteOutcome,
+};
+pub use work::{
+    MAX_COUNTED_MATCHES, MAX_EDIT_LINES, MAX_LIST_ENTRIES, MAX_PATTERN_BYTES, MAX_TEXT_BYTES,
+    REGEX_DFA_SIZE_LIMIT, REGEX_SIZE_LIMIT,
 };

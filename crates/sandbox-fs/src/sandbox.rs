@@ -27,6 +27,7 @@ use sandbox_core::{
 use crate::filesystem::{Filesystem, Shell, UpdateFn};
 use crate::local::{is_dir, not_a_dir, not_found};
 use crate::types::{FileInfo, FileKind, WriteOutcome};
+use crate::work::{self, MAX_TEXT_BYTES};
 
 /// Options of the sandbox mode.
 ///
@@ -282,6 +283,19 @@ impl Filesystem for SandboxFs {
         }
     }
 
+    async fn read_max(&self, path: &str, max: u64) -> Result<Bytes> {
+        let rel = Self::require_file(path, self.resolve(path)?)?;
+        // The size from a one-path export's header first: a file over the limit is not read.
+        match self.probe(&rel).await? {
+            None => return Err(not_found(path)),
+            Some(info) if info.kind == FileKind::Dir => return Err(is_dir(path)),
+            Some(info) => work::check_file_size(path, info.size, max)?,
+        }
+        let data = self.read(path).await?;
+        work::check_file_size(path, data.len() as u64, max)?;
+        Ok(data)
+    }
+
     async fn write(&self, path: &str, data: Bytes) -> Result<WriteOutcome> {
         let rel = Self::require_file(path, self.resolve(path)?)?;
         let _lock = self.locks.lock(Path::new(rel.as_str())).await;
@@ -302,7 +316,13 @@ impl Filesystem for SandboxFs {
         if existing.as_ref().is_some_and(|i| i.kind == FileKind::Dir) {
             return Err(is_dir(path));
         }
+        if let Some(info) = &existing {
+            work::check_file_size(path, info.size, MAX_TEXT_BYTES)?;
+        }
         let current = self.read_opt(&rel).await?;
+        if let Some(current) = &current {
+            work::check_file_size(path, current.len() as u64, MAX_TEXT_BYTES)?;
+        }
         let created = current.is_none();
         let new = update(current)?;
         let len = new.len() as u64;

@@ -34,6 +34,7 @@ use crate::filesystem::{Filesystem, Shell, UpdateFn};
 use crate::kv::{KvStore, Precondition};
 use crate::local::{LocalFs, LocalOptions, is_dir, not_a_dir, not_found};
 use crate::types::{FileInfo, FileKind, WriteOutcome};
+use crate::work;
 
 /// Options of the shared-store mode (the spec's `RemoteFilesystemSpec`).
 ///
@@ -529,6 +530,27 @@ impl Filesystem for SharedStoreFs {
                 },
             },
             _ => self.local().read(path).await,
+        }
+    }
+
+    async fn read_max(&self, path: &str, max: u64) -> Result<Bytes> {
+        match self.place(path)? {
+            Place::Routed { rel, ns, key } => match self.store().get(&ns, &key).await? {
+                Some(v) => {
+                    work::check_file_size(path, v.value.len() as u64, max)?;
+                    Ok(v.value)
+                }
+                None => match self.local().read_max(rel.as_str(), max).await {
+                    Err(e)
+                        if e.kind() == ErrorKind::NotFound
+                            && !self.remote_walk(Some(&rel)).await?.is_empty() =>
+                    {
+                        Err(is_dir(path))
+                    }
+                    other => other,
+                },
+            },
+            _ => self.local().read_max(path, max).await,
         }
     }
 

@@ -17,6 +17,7 @@ use tracing::Instrument as _;
 
 use crate::filesystem::{Filesystem, FilesystemExt as _};
 use crate::types::{EditRequest, FileKind, GlobOptions, GrepOptions, ReadOptions};
+use crate::work::{MAX_LIST_ENTRIES, MAX_PATTERN_BYTES, MAX_TEXT_BYTES};
 
 /// Longest `execute` timeout a model may ask for.
 pub const MAX_EXECUTE_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -159,6 +160,19 @@ impl Tools {
         let a = Args::parse("write_file", &args, &["path", "content"])?;
         let path = a.string("path")?;
         let content = a.string_allow_empty("content")?;
+        if content.len() as u64 > MAX_TEXT_BYTES {
+            return Err(explain(
+                "write_file",
+                &Error::LimitExceeded {
+                    what: "file",
+                    limit: MAX_TEXT_BYTES,
+                    reason: format!(
+                        "the content has {} bytes, more than the {MAX_TEXT_BYTES} bytes the file tools handle; write it in parts with a shell command where there is one",
+                        content.len()
+                    ),
+                },
+            ));
+        }
         let out = self
             .fs
             .write(&path, content.into())
@@ -186,17 +200,22 @@ impl Tools {
             .edit(&path, EditRequest::new(old, new).replace_all(all))
             .await
             .map_err(|e| explain("edit_file", &e))?;
-        let lines: Vec<String> = out.lines.iter().map(ToString::to_string).collect();
-        let noun = if out.replacements == 1 {
-            "occurrence"
-        } else {
-            "occurrences"
+        let mut lines: Vec<usize> = out.lines.clone();
+        lines.dedup();
+        let mut shown: Vec<String> = lines.iter().take(20).map(ToString::to_string).collect();
+        if lines.len() > 20 || out.lines.len() < out.replacements {
+            shown.push("…".to_owned());
+        }
+        let (noun, line_noun) = match (out.replacements, lines.len()) {
+            (1, _) => ("occurrence", "line"),
+            (_, 1) => ("occurrences", "line"),
+            _ => ("occurrences", "lines"),
         };
         Ok(ToolOutput::ok(format!(
-            "Edited `{}`: replaced {} {noun} (line {}).",
+            "Edited `{}`: replaced {} {noun} ({line_noun} {}).",
             out.path,
             out.replacements,
-            lines.join(", ")
+            shown.join(", ")
         )))
     }
 
@@ -300,13 +319,14 @@ impl Tools {
     async fn list_files(&self, args: Value) -> Result<ToolOutput, String> {
         let a = Args::parse("list_files", &args, &["path"])?;
         let path = a.opt_string("path")?.unwrap_or_default();
-        let entries = self
+        let listed = self
             .fs
-            .list(&path)
+            .list_max(&path, MAX_LIST_ENTRIES)
             .await
             .map_err(|e| explain("list_files", &e))?;
+        let entries = &listed.entries;
         let mut text = String::new();
-        for e in &entries {
+        for e in entries {
             let _ = match e.kind {
                 FileKind::Dir => writeln!(text, "{}/", e.name()),
                 FileKind::File => writeln!(text, "{}  ({} bytes)", e.name(), e.size),
@@ -315,6 +335,14 @@ impl Tools {
         }
         if entries.is_empty() {
             text.push_str("(empty directory)\n");
+        }
+        if listed.truncated {
+            let _ = writeln!(
+                text,
+                "[showing the first {} of {} entries (by name); use glob_files with a pattern to find the rest]",
+                entries.len(),
+                listed.total
+            );
         }
         Ok(ToolOutput::ok(text))
     }
@@ -394,6 +422,7 @@ fn explain(tool: &str, err: &Error) -> String {
         Error::Timeout { after, .. } => {
             format!("{tool}: timed out after {after:?}; try a smaller request.")
         }
+        Error::LimitExceeded { reason, .. } => format!("{tool}: {reason}."),
         other => format!("{tool} failed: {other}"),
     }
 }
@@ -444,7 +473,7 @@ fn definition(name: &'static str) -> ToolDefinition {
             json!({
                 "type": "object",
                 "properties": {
-                    "pattern": {"type": "string", "minLength": 1, "description": "Regular expression (Rust regex syntax), or literal text with literal=true."},
+                    "pattern": {"type": "string", "minLength": 1, "maxLength": MAX_PATTERN_BYTES, "description": "Regular expression (Rust regex syntax), or literal text with literal=true."},
                     "path": {"type": "string", "description": "File or directory to search. Default: the whole workspace."},
                     "include": {"type": "string", "description": "Only files matching this glob, e.g. `*.rs` or `src/**/*.md`."},
                     "literal": {"type": "boolean", "description": "Treat pattern as plain text. Default false."},

@@ -69,6 +69,18 @@ impl FileInfo {
     }
 }
 
+/// A directory listing cut to a most number of entries (`list_max`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListResult {
+    /// The first entries, sorted by name.
+    pub entries: Vec<FileInfo>,
+    /// Entries in the directory.
+    pub total: usize,
+    /// More entries exist than `entries` holds.
+    pub truncated: bool,
+}
+
 /// What a write did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -197,7 +209,8 @@ pub struct EditOutcome {
     pub path: String,
     /// Occurrences replaced.
     pub replacements: usize,
-    /// 1-based lines where the replacements start (in the original text).
+    /// 1-based lines where the replacements start (in the original text): the first
+    /// [`MAX_EDIT_LINES`](crate::MAX_EDIT_LINES) of them.
     pub lines: Vec<usize>,
 }
 
@@ -262,7 +275,8 @@ pub struct GrepOptions {
     pub max_results: usize,
     /// Stop searching after this long and return what was found. Default 10 s.
     pub timeout: Duration,
-    /// Files larger than this are skipped. Default 10 MiB.
+    /// Files larger than this are skipped. Default 10 MiB; at most
+    /// [`MAX_TEXT_BYTES`](crate::MAX_TEXT_BYTES) is searched whatever it says.
     pub max_file_bytes: u64,
 }
 

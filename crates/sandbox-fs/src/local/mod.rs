@@ -38,6 +38,7 @@ use shell::LocalShell;
 
 use crate::filesystem::{Filesystem, Shell, UpdateFn};
 use crate::types::{FileInfo, FileKind, WriteOutcome};
+use crate::work::{self, Cancel, MAX_TEXT_BYTES};
 
 /// Workspace metadata: with `project_writable`, paths under these stay in the workspace.
 pub const METADATA_PREFIXES: &[&str] = &[
@@ -66,6 +67,8 @@ const USER_MARKER: &str = ".sandbox-fs-user";
 const TMP_TAG: &str = ".sandbox-fs-tmp-";
 /// Most entries one walk collects.
 const WALK_LIMIT: usize = 200_000;
+/// Largest buffer reserved up front for a read (more grows as it is read).
+const READ_HINT_MAX: u64 = 64 << 20;
 
 /// The layer a view write lands in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -885,8 +888,9 @@ impl LocalFs {
     }
 
     /// The bytes of the first layer that has `raw`: opened once, checked on the handle, read
-    /// from the handle.
-    fn read_blocking(&self, raw: &str) -> Result<Option<Bytes>> {
+    /// from the handle. With `max`, a file larger than that is [`Error::LimitExceeded`]: by
+    /// its size before anything is read, or after `max + 1` bytes if it grew meanwhile.
+    fn read_blocking(&self, raw: &str, max: Option<u64>) -> Result<Option<Bytes>> {
         let target = self.locate(raw)?;
         let anchors = self.anchors();
         for cand in self.candidates(&target)? {
@@ -902,9 +906,20 @@ impl LocalFs {
             if meta.is_dir() {
                 return Err(is_dir(raw));
             }
-            let mut data = Vec::with_capacity(sandbox_core::stream::capacity_for(meta.len()));
-            file.read_to_end(&mut data)
+            if let Some(max) = max {
+                work::check_file_size(raw, meta.len(), max)?;
+            }
+            // The size only hints the buffer (a sparse or growing file may say anything).
+            let limit = max.map_or(u64::MAX, |m| m.saturating_add(1));
+            let hint = meta.len().min(limit).min(READ_HINT_MAX);
+            let mut data = Vec::with_capacity(hint as usize);
+            (&mut file)
+                .take(limit)
+                .read_to_end(&mut data)
                 .map_err(|e| Error::io(&abs, e))?;
+            if let Some(max) = max {
+                work::check_file_size(raw, data.len() as u64, max)?;
+            }
             return Ok(Some(Bytes::from(data)));
         }
         Ok(None)
@@ -1020,7 +1035,7 @@ impl LocalFs {
         }
     }
 
-    fn list_blocking(&self, raw: &str) -> Result<Vec<FileInfo>> {
+    fn list_blocking(&self, raw: &str, cancel: &Cancel) -> Result<Vec<FileInfo>> {
         let target = self.locate(raw)?;
         let anchors = self.anchors();
         let mut merged: BTreeMap<String, FileInfo> = BTreeMap::new();
@@ -1043,7 +1058,15 @@ impl LocalFs {
             self.check_whereabouts(&dir, &abs, raw)?;
             any_dir = true;
             let dir_is_ws = dir_id(&dir).is_some_and(|id| Some(id) == self.workspace_id());
-            for entry in dir.entries().map_err(|e| Error::io(&abs, e))? {
+            for (n, entry) in dir
+                .entries()
+                .map_err(|e| Error::io(&abs, e))?
+                .into_iter()
+                .enumerate()
+            {
+                if n % 256 == 0 {
+                    cancel.check()?;
+                }
                 let Some(name) = entry.name.to_str() else {
                     continue;
                 };
@@ -1099,7 +1122,7 @@ impl LocalFs {
             .collect())
     }
 
-    fn walk_blocking(&self, raw: &str) -> Result<Vec<FileInfo>> {
+    fn walk_blocking(&self, raw: &str, cancel: &Cancel) -> Result<Vec<FileInfo>> {
         let target = self.locate(raw)?;
         let anchors = self.anchors();
         let mut merged: BTreeMap<String, FileInfo> = BTreeMap::new();
@@ -1134,7 +1157,7 @@ impl LocalFs {
             let skipped = |path: &str| {
                 cand.layer > 0 && overridden.iter().any(|o| path.starts_with(o.as_str()))
             };
-            if self.walk_tree(top, abs, base, &skipped, &mut merged) {
+            if self.walk_tree(top, abs, base, &skipped, &mut merged, cancel)? {
                 tracing::warn!(limit = WALK_LIMIT, "walk stopped at its entry limit");
                 return Ok(merged.into_values().collect());
             }
@@ -1149,7 +1172,7 @@ impl LocalFs {
     /// `merged`, where not there yet and not `skipped`. Subdirectories are opened from their
     /// parent's handle without following a symlink, so the walk never leaves `top`; pending
     /// ones keep their parent's handle (shared: at most one open handle per level). Returns
-    /// whether [`WALK_LIMIT`] stopped it.
+    /// whether [`WALK_LIMIT`] stopped it; `Err` when `cancel` did.
     fn walk_tree(
         &self,
         top: Dir,
@@ -1157,12 +1180,15 @@ impl LocalFs {
         base: String,
         skipped: &dyn Fn(&str) -> bool,
         merged: &mut BTreeMap<String, FileInfo>,
-    ) -> bool {
+        cancel: &Cancel,
+    ) -> Result<bool> {
         type Pending = (Option<(Rc<Dir>, String)>, PathBuf, String);
         let ws_id = self.workspace_id();
         let mut top = Some(top);
         let mut stack: Vec<Pending> = vec![(None, top_path, base)];
+        let mut seen = 0usize;
         while let Some((from, dir_path, shown)) = stack.pop() {
+            cancel.check()?;
             let opened = match from {
                 None => top.take().ok_or(()),
                 Some((parent, name)) => parent.open_subdir(&name).map_err(drop),
@@ -1173,6 +1199,10 @@ impl LocalFs {
             let dir = Rc::new(dir);
             let dir_is_ws = dir_id(&dir).is_some_and(|id| Some(id) == ws_id);
             for entry in entries {
+                seen += 1;
+                if seen % 256 == 0 {
+                    cancel.check()?;
+                }
                 let Some(name) = entry.name.to_str() else {
                     continue;
                 };
@@ -1198,7 +1228,7 @@ impl LocalFs {
                 match meta {
                     Some(meta) if !meta.is_dir() => {
                         if merged.len() >= WALK_LIMIT {
-                            return true;
+                            return Ok(true);
                         }
                         let info = FileInfo::new(path.clone(), kind_of(&meta), size_of(&meta))
                             .modified(meta.modified().ok());
@@ -1213,25 +1243,25 @@ impl LocalFs {
                 }
             }
         }
-        false
+        Ok(false)
     }
 
+    /// Run `f` on a blocking thread; dropping the future raises the flag it gets (walks and
+    /// listings stop at it).
     async fn blocking<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(LocalFs) -> Result<T> + Send + 'static,
+        F: FnOnce(LocalFs, &Cancel) -> Result<T> + Send + 'static,
     {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || f(this))
-            .await
-            .map_err(|e| Error::backend("local", "file operation", format!("worker failed: {e}")))?
+        work::off_worker("local file operation", move |cancel| f(this, cancel)).await
     }
 
     /// Resolve `raw` for a write: (display path, the key its edits are serialized by, whether
     /// it existed).
     async fn prepare_write(&self, raw: &str) -> Result<(String, PathBuf, bool)> {
         let raw_owned = raw.to_owned();
-        self.blocking(move |this| {
+        self.blocking(move |this, _| {
             let target = this.locate(&raw_owned)?;
             let key = this.write_key(&target, &raw_owned)?;
             let existed = match this.first_existing(&target, &raw_owned)? {
@@ -1289,8 +1319,20 @@ impl Filesystem for LocalFs {
 
     async fn read(&self, path: &str) -> Result<Bytes> {
         let raw = path.to_owned();
-        self.blocking(move |this| this.read_blocking(&raw)?.ok_or_else(|| not_found(&raw)))
-            .await
+        self.blocking(move |this, _| {
+            this.read_blocking(&raw, None)?
+                .ok_or_else(|| not_found(&raw))
+        })
+        .await
+    }
+
+    async fn read_max(&self, path: &str, max: u64) -> Result<Bytes> {
+        let raw = path.to_owned();
+        self.blocking(move |this, _| {
+            this.read_blocking(&raw, Some(max))?
+                .ok_or_else(|| not_found(&raw))
+        })
+        .await
     }
 
     async fn write(&self, path: &str, data: Bytes) -> Result<WriteOutcome> {
@@ -1300,7 +1342,7 @@ impl Filesystem for LocalFs {
         let (_, _, existed) = self.prepare_write(path).await?;
         let raw = path.to_owned();
         let len = data.len() as u64;
-        self.blocking(move |this| this.write_blocking(&raw, &data))
+        self.blocking(move |this, _| this.write_blocking(&raw, &data))
             .await?;
         Ok(WriteOutcome {
             path: display,
@@ -1315,12 +1357,14 @@ impl Filesystem for LocalFs {
         let raw = path.to_owned();
         // Copy-up: the current bytes come from whichever layer has them (read through a
         // handle beneath that layer), the new bytes go to the write layer.
-        let current = self.blocking(move |this| this.read_blocking(&raw)).await?;
+        let current = self
+            .blocking(move |this, _| this.read_blocking(&raw, Some(MAX_TEXT_BYTES)))
+            .await?;
         let existed = current.is_some();
         let new = update(current)?;
         let len = new.len() as u64;
         let raw = path.to_owned();
-        self.blocking(move |this| this.write_blocking(&raw, &new))
+        self.blocking(move |this, _| this.write_blocking(&raw, &new))
             .await?;
         Ok(WriteOutcome {
             path: display,
@@ -1331,28 +1375,31 @@ impl Filesystem for LocalFs {
 
     async fn delete(&self, path: &str) -> Result<()> {
         let raw = path.to_owned();
-        self.blocking(move |this| this.delete_blocking(&raw)).await
+        self.blocking(move |this, _| this.delete_blocking(&raw))
+            .await
     }
 
     async fn rename(&self, from: &str, to: &str) -> Result<()> {
         let (from, to) = (from.to_owned(), to.to_owned());
-        self.blocking(move |this| this.rename_blocking(&from, &to))
+        self.blocking(move |this, _| this.rename_blocking(&from, &to))
             .await
     }
 
     async fn stat(&self, path: &str) -> Result<Option<FileInfo>> {
         let raw = path.to_owned();
-        self.blocking(move |this| this.stat_blocking(&raw)).await
+        self.blocking(move |this, _| this.stat_blocking(&raw)).await
     }
 
     async fn list(&self, path: &str) -> Result<Vec<FileInfo>> {
         let raw = path.to_owned();
-        self.blocking(move |this| this.list_blocking(&raw)).await
+        self.blocking(move |this, cancel| this.list_blocking(&raw, cancel))
+            .await
     }
 
     async fn walk(&self, path: &str) -> Result<Vec<FileInfo>> {
         let raw = path.to_owned();
-        self.blocking(move |this| this.walk_blocking(&raw)).await
+        self.blocking(move |this, cancel| this.walk_blocking(&raw, cancel))
+            .await
     }
 }
 
