@@ -521,6 +521,7 @@ pub struct Confined {
     outer_pid: u32,
     report: Report,
     cgroups: Option<cgroup::BoxCgroups>,
+    scratch: PathBuf,
 }
 
 impl fmt::Debug for Confined {
@@ -533,14 +534,18 @@ impl fmt::Debug for Confined {
 }
 
 impl Confined {
-    /// Start a box: `binds` (the workspace first) shown inside, `scratch` an empty directory
-    /// of this box's own the new root is mounted on (it stays empty on the host). Blocks
-    /// until the init reports (at most 10 s).
-    pub fn start(
-        options: &ConfineOptions,
-        binds: &[Bind],
-        scratch: &Path,
-    ) -> Result<Confined, ConfineError> {
+    /// Start a box with `binds` (the workspace) shown inside. Blocks until the init reports
+    /// (at most 10 s). The new root is mounted on an empty directory of the box's own under
+    /// the host's temporary directory (it stays empty on the host and is removed with the
+    /// box).
+    pub fn start(options: &ConfineOptions, binds: &[Bind]) -> Result<Confined, ConfineError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let scratch = std::env::temp_dir().join(format!(
+            "sandbox-confine-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let scratch = &scratch;
         for b in binds {
             if !b.target.is_absolute() || !b.source.is_absolute() {
                 return Err(failed(
@@ -565,10 +570,13 @@ impl Confined {
         std::fs::create_dir_all(scratch).map_err(|e| failed("scratch directory", e))?;
         let limits = cgroup::plan(&options.limits)?;
         let result = Self::start_with(options, binds, scratch, &limits);
-        if result.is_err()
-            && let Some(cg) = &limits.cgroups
-        {
-            cg.remove();
+        if result.is_err() {
+            // A failed start dropped its half-made box (which removed the cgroups) or made
+            // none.
+            if let Some(cg) = &limits.cgroups {
+                cg.remove();
+            }
+            let _ = std::fs::remove_dir(scratch);
         }
         result
     }
@@ -642,6 +650,7 @@ impl Confined {
             outer_pid,
             report: Report::default(),
             cgroups: limits.cgroups.clone(),
+            scratch: scratch.to_path_buf(),
         };
         let reply = {
             let guard = boxed.control.lock().unwrap_or_else(|e| e.into_inner());
@@ -778,6 +787,7 @@ impl Confined {
         if let Some(cg) = &self.cgroups {
             cg.remove();
         }
+        let _ = std::fs::remove_dir(&self.scratch);
     }
 
     /// Whether the init still runs.

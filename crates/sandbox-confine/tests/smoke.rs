@@ -16,12 +16,8 @@ fn a_command_runs_inside_and_reports_its_exit() {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
     std::fs::create_dir(&ws).unwrap();
-    let b = Confined::start(
-        &ConfineOptions::default(),
-        &[Bind::same(&ws, false)],
-        &dir.path().join("root"),
-    )
-    .unwrap_or_else(|e| panic!("start: {e}"));
+    let b = Confined::start(&ConfineOptions::default(), &[Bind::same(&ws, false)])
+        .unwrap_or_else(|e| panic!("start: {e}"));
     eprintln!("report: {}", b.report());
     let spawned = b
         .spawn(&ExecSpec::new(
