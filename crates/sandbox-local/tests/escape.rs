@@ -4,6 +4,9 @@
 //!
 //! Runs where the kernel allows unprivileged confinement; elsewhere the first test fails with
 //! the typed error naming what is missing (set `SANDBOX_SKIP_CONFINED=1` to skip there).
+//!
+//! `SANDBOX_ESCAPE_HOST_SHELL=1` runs the same checks on the unconfined host shell, to see
+//! them fail (every check but the file tools' and the kill-on-exit ones escapes there).
 
 mod common;
 
@@ -23,11 +26,12 @@ fn skip() -> bool {
 }
 
 async fn confined(spec: WorkspaceSpec) -> TestBox {
-    TestBox::new(
-        LocalOptions::default().isolation(Isolation::confined()),
-        spec,
-    )
-    .await
+    let isolation = if std::env::var_os("SANDBOX_ESCAPE_HOST_SHELL").is_some() {
+        Isolation::HostShell
+    } else {
+        Isolation::confined()
+    };
+    TestBox::new(LocalOptions::default().isolation(isolation), spec).await
 }
 
 async fn sh(b: &TestBox, script: &str) -> ExecResult {
@@ -373,8 +377,9 @@ async fn dangerous_syscalls_fail() {
     }
     // The shell tools too.
     let r = sh(&b, "mount -t tmpfs x /tmp 2>&1; echo $?; unshare -U true 2>&1; echo $?; mknod /tmp/n c 1 3 2>&1; echo $?").await;
-    let codes: Vec<&str> = r.stdout_str().lines().filter(|l| l.len() <= 3).collect();
-    assert!(codes.iter().all(|c| *c != "0"), "{}", r.stdout_str());
+    let out = r.stdout_str();
+    let codes: Vec<&str> = out.lines().filter(|l| l.len() <= 3).collect();
+    assert!(codes.iter().all(|c| *c != "0"), "{out}");
     report(
         "mount, unshare -U, mknod",
         "the util-linux and coreutils commands",
