@@ -39,7 +39,11 @@ fn a_command_runs_inside_and_reports_its_exit() {
     assert_eq!(std::fs::read_to_string(ws.join("out")).unwrap(), "hi\n");
 }
 
-fn run(b: &Confined, ws: &std::path::Path, script: &str) -> (String, String, sandbox_confine::ExecStatus) {
+fn run(
+    b: &Confined,
+    ws: &std::path::Path,
+    script: &str,
+) -> (String, String, sandbox_confine::ExecStatus) {
     let spawned = b
         .spawn(&ExecSpec::new(
             vec!["sh".into(), "-c".into(), script.into()],
@@ -91,7 +95,8 @@ print(n)
 
 #[test]
 fn a_fork_bomb_stops_at_the_pids_limit() {
-    let (dir, b) = start(ConfineOptions::default().limits(sandbox_confine::Limits::default().pids(32)));
+    let (dir, b) =
+        start(ConfineOptions::default().limits(sandbox_confine::Limits::default().pids(32)));
     eprintln!("{}", b.report());
     let (out, err, _) = run(&b, dir.path(), FORKS);
     let n: usize = out.trim().parse().unwrap_or_else(|_| panic!("{out} {err}"));

@@ -54,10 +54,11 @@ impl Isolation {
 }
 
 impl Default for Isolation {
-    /// [`Isolation::HostShell`] (isolation is opt-in until the escape suite and the kit pass
-    /// confined on every CI host).
+    /// [`Isolation::Confined`] with the default [`ConfineOptions`]: a box starts only where
+    /// the kernel confines it (or fails with the missing piece named); the host shell is the
+    /// explicit opt-out.
     fn default() -> Self {
-        Isolation::HostShell
+        Isolation::confined()
     }
 }
 

@@ -638,17 +638,20 @@ async fn nothing_survives_the_release() {
             .timeout(Duration::from_secs(60)),
     );
     let started = b.root().join("started");
+    tokio::pin!(running);
     tokio::select! {
-        r = running => panic!("ended early: {r:?}"),
+        r = &mut running => panic!("ended early: {r:?}"),
         () = async {
             while !started.exists() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         } => {}
     }
-    // The command's future is gone; release the box.
+    // The command still runs (its future is kept, not cancelled): release the box under it.
     assert!(!marked(&mark).is_empty(), "nothing ran");
     handle.release().await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), running).await;
+    assert!(ended.is_ok(), "the exec did not end with its box");
     let left = wait_none(&mark, Duration::from_secs(5)).await;
     assert!(left.is_empty(), "survived the release: {left:?}");
     report(
