@@ -335,11 +335,12 @@ async fn require_isolation_refuses_the_host_shell() {
     let host: Arc<dyn SandboxClient> = Arc::new(LocalClient::new(
         LocalOptions::default().isolation(sandbox_local::Isolation::HostShell),
     ));
-    let err = sandbox_core::SandboxManager::builder(host)
+    let Err(err) = sandbox_core::SandboxManager::builder(host)
         .require_isolation()
         .build()
-        .err()
-        .expect("the host shell must be refused");
+    else {
+        panic!("the host shell must be refused");
+    };
     assert!(
         matches!(
             err,
