@@ -399,6 +399,12 @@ fn box_init(config: &InitConfig) -> R<()> {
             0,
         )
     })?;
+    // Not dumpable: a command of the same uid cannot open its /proc/<pid>/mem, nor its
+    // exec inits' (they inherit it and exec nothing).
+    // SAFETY: prctl with integer arguments.
+    cvt("dumpable", unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0)
+    })?;
     let host = config.hostname.as_bytes();
     // SAFETY: pointer and length of a live slice.
     cvt("sethostname", unsafe {

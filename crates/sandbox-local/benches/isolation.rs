@@ -1,4 +1,4 @@
-//! `cargo xtask bench local`: what confinement costs the local backend.
+//! `cargo xtask bench local-isolation`: what confinement costs the local backend.
 //!
 //! Rows (200 calls each after 10 warm-up calls, medians and p90 in microseconds):
 //! exec round trip of `true` through a box unconfined (`Isolation::HostShell`) and confined
@@ -6,7 +6,7 @@
 //! `bwrap --unshare-all --ro-bind / / true` (Debian's bubblewrap, skipped if not installed);
 //! box create + boot + first exec + release, confined (50 runs); peak RSS of one idle
 //! confined box (its init processes, mean of 10 boxes). Prints a table; with
-//! `SANDBOX_BENCH_OUT` set, also writes `local.json` there.
+//! `SANDBOX_BENCH_OUT` set, also writes `local-isolation.json` there.
 
 use std::time::{Duration, Instant};
 
@@ -198,7 +198,7 @@ fn main() {
     if let Ok(out) = std::env::var("SANDBOX_BENCH_OUT") {
         std::fs::create_dir_all(&out).unwrap();
         std::fs::write(
-            std::path::Path::new(&out).join("local.json"),
+            std::path::Path::new(&out).join("local-isolation.json"),
             serde_json::to_vec_pretty(&report).unwrap(),
         )
         .unwrap();
