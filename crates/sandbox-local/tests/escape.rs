@@ -305,12 +305,16 @@ async fn host_processes_are_invisible_and_unsignalable() {
     victim.wait().unwrap();
     // The box still answers: killing its pid 1 from inside did nothing.
     assert_eq!(sh(&b, "echo alive").await.stdout_str(), "alive\n");
-    // The box's init (pid 1 of the box's /proc) and the command's own init keep their memory
-    // and environment to themselves.
+    // The box's init (pid 1 of the box's /proc) and the command's own init keep their
+    // environment and descriptors (the control sockets) to themselves.
     let r = sh(
         &b,
-        "for p in 1 $PPID; do head -c1 /proc/$p/mem >/dev/null 2>&1 && echo mem-$p; \
-         cat /proc/$p/environ >/dev/null 2>&1 && echo env-$p; done; echo checked",
+        // The command's init by its pid in the box's /proc (the shell's parent, read by the
+        // shell itself).
+        "while read k v; do [ \"$k\" = PPid: ] && P=$v; done < /proc/self/status; \
+         [ -n \"$P\" ] && [ \"$P\" != 0 ] || echo no-parent; \
+         for p in 1 $P; do cat /proc/$p/environ >/dev/null 2>&1 && echo env-$p; \
+         ls /proc/$p/fd/ >/dev/null 2>&1 && echo fd-$p; done; echo checked",
     )
     .await;
     assert_eq!(r.stdout_str(), "checked\n", "{}", r.stdout_str());
