@@ -306,7 +306,7 @@ async fn host_processes_are_invisible_and_unsignalable() {
     // The box still answers: killing its pid 1 from inside did nothing.
     assert_eq!(sh(&b, "echo alive").await.stdout_str(), "alive\n");
     // The box's init (pid 1 of the box's /proc) and the command's own init keep their
-    // environment and descriptors (the control sockets) to themselves.
+    // environment and descriptors (control sockets, pipes) to themselves: none reopens.
     let r = sh(
         &b,
         // The command's init by its pid in the box's /proc (the shell's parent, read by the
@@ -314,7 +314,8 @@ async fn host_processes_are_invisible_and_unsignalable() {
         "while read k v; do [ \"$k\" = PPid: ] && P=$v; done < /proc/self/status; \
          [ -n \"$P\" ] && [ \"$P\" != 0 ] || echo no-parent; \
          for p in 1 $P; do cat /proc/$p/environ >/dev/null 2>&1 && echo env-$p; \
-         ls /proc/$p/fd/ >/dev/null 2>&1 && echo fd-$p; done; echo checked",
+         for f in /proc/$p/fd/*; do (: < \"$f\") 2>/dev/null && echo open-$f; done; \
+         done; echo checked",
     )
     .await;
     assert_eq!(r.stdout_str(), "checked\n", "{}", r.stdout_str());
