@@ -1,5 +1,7 @@
-//! Quickstart: three calls on the local backend showing recovery across replicas, isolation
-//! between users, and workspace projection. Everything lives under `./.sandbox/quickstart/`
+//! Quickstart: three calls on the local backend, confined by the kernel (its default
+//! isolation: namespaces, a read-only view of the host's system directories, no network,
+//! seccomp, Landlock, limits), showing recovery across replicas, isolation between users, and
+//! workspace projection. Everything lives under `./.sandbox/quickstart/`
 //! (cleared at start). Exits 0 only if every check holds.
 //!
 //! ```text
@@ -56,8 +58,10 @@ fn replica(root: &Path) -> SandboxManager {
         .scope(IsolationScope::User)
         .config(config)
         .require_durable()
+        // Refuses a backend whose commands run as plain host processes.
+        .require_isolation()
         .build()
-        .expect("a durable set-up")
+        .expect("a durable, isolated set-up")
 }
 
 fn ms(d: Duration) -> String {
@@ -115,9 +119,20 @@ async fn main() -> std::process::ExitCode {
         root.display()
     );
     println!(
-        "  host workspace {}: AGENTS.md, skills/greet/SKILL.md (projected into every box)\n",
+        "  host workspace {}: AGENTS.md, skills/greet/SKILL.md (projected into every box)",
         host.display()
     );
+    // What a box gets here; a kernel that refuses a required piece is an error naming it.
+    match LocalClient::new(LocalOptions::default()).probe().await {
+        Ok(Some(report)) => {
+            println!("  isolation: {report}\n");
+        }
+        Ok(None) => println!("  isolation: none (host shell)\n"),
+        Err(e) => {
+            println!("  isolation unavailable: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
 
     // Call 1: alice on replica 1 creates files and a small executable.
     println!("call 1 · user alice · replica 1");

@@ -1,7 +1,8 @@
 //! Project tasks: `cargo xtask test`, `cargo xtask redis-test`, `cargo xtask s3-test`,
 //! `cargo xtask bench <name>`.
 //!
-//! `test` runs everything CI runs: formatting, lints, every test, and the quickstart. Services
+//! `test` runs everything CI runs: formatting, lints, every test (the confined local backend's
+//! escape suite and kit also as an unprivileged user), and the quickstart. Services
 //! that tests need are started here (and stopped by a drop guard, also on failure); a service
 //! that cannot start is a failure, never a skip.
 
@@ -12,6 +13,7 @@ mod daytona;
 mod e2b;
 mod fidelity;
 mod k8s;
+mod unprivileged;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -21,13 +23,14 @@ fn main() -> ExitCode {
         Some("redis-test") => redis_test(&args[1..]),
         Some("s3-test") => s3_test(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("unprivileged-test") => unprivileged::run(),
         Some("k8s-up") => k8s::up(&args[1..]),
         Some("k8s-fidelity") => k8s::fidelity(),
         Some("e2b-fidelity") => e2b::fidelity(),
         Some("daytona-fidelity") => daytona::fidelity(),
         Some("help") | None => {
             println!(
-                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  s3-test [ARGS]  install s3s-fs if missing and run `cargo test ARGS` with SANDBOX_TEST_S3FS set (e.g. -p snapshot-oss)\n  images        build the Docker test images locally (no registry), cached; also the k8s test pod image (static sandboxd)\n  k8s-up [ARGS]  build the images and run the Kubernetes test cluster in the foreground (prints kubeconfig, API and router URLs)\n  k8s-fidelity  start the k8s test cluster and run the official Python clients (pinned, target/py-venv) against it\n  e2b-fidelity  start the E2B test server and run the official E2B Python SDK (pinned, target/py-venv-e2b) against it\n  daytona-fidelity  start the Daytona test server and run the official Daytona Python SDK (pinned, target/py-venv-daytona) against it\n  bench snapshot [--store local|s3|redis]... [W]  snapshot engine on each store (default all three; servers started here) vs same-run floors (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench k8s     k8s backend on the test cluster vs the Docker backend, same engine -> target/bench/k8s.json\n  bench cloud   E2B and Daytona backends on their test servers vs the Docker backend, same engine -> target/bench/cloud.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench tools   the agent tools (sandbox-fs, local mode) on 64 MiB adversarial inputs vs same-run floors -> target/bench/tools.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json"
+                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  s3-test [ARGS]  install s3s-fs if missing and run `cargo test ARGS` with SANDBOX_TEST_S3FS set (e.g. -p snapshot-oss)\n  images        build the Docker test images locally (no registry), cached; also the k8s test pod image (static sandboxd)\n  k8s-up [ARGS]  build the images and run the Kubernetes test cluster in the foreground (prints kubeconfig, API and router URLs)\n  k8s-fidelity  start the k8s test cluster and run the official Python clients (pinned, target/py-venv) against it\n  e2b-fidelity  start the E2B test server and run the official E2B Python SDK (pinned, target/py-venv-e2b) against it\n  daytona-fidelity  start the Daytona test server and run the official Daytona Python SDK (pinned, target/py-venv-daytona) against it\n  bench snapshot [--store local|s3|redis]... [W]  snapshot engine on each store (default all three; servers started here) vs same-run floors (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench k8s     k8s backend on the test cluster vs the Docker backend, same engine -> target/bench/k8s.json\n  bench cloud   E2B and Daytona backends on their test servers vs the Docker backend, same engine -> target/bench/cloud.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench tools   the agent tools (sandbox-fs, local mode) on 64 MiB adversarial inputs vs same-run floors -> target/bench/tools.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json\n  bench local-isolation  exec of `true` in a local box unconfined vs confined, vs a bare spawn and bwrap; box create + first exec; idle box RSS -> target/bench/local-isolation.json\n  unprivileged-test  the confined local backend's escape suite and conformance kit as uid 65534 (also part of `test`)"
             );
             Ok(())
         }
@@ -72,6 +75,8 @@ fn test() -> Result<(), String> {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     run_env("cargo", &["test", "--workspace", "--all-features"], &env)?;
     drop(redis);
+    // The confined local backend again, as an unprivileged user.
+    unprivileged::run()?;
     k8s::fidelity()?;
     e2b::fidelity()?;
     daytona::fidelity()?;
@@ -142,6 +147,7 @@ fn bench(args: &[String]) -> Result<(), String> {
         Some("k8s") => k8s::bench(),
         Some("cloud") => bench_cloud(),
         Some("replicas") => bench_replicas(),
+        Some("local-isolation") => bench_local_isolation(),
         Some("host") => {
             let out = workspace_root().join("target/bench");
             run_env(
@@ -159,9 +165,29 @@ fn bench(args: &[String]) -> Result<(), String> {
             )
         }
         other => Err(format!(
-            "unknown benchmark {other:?} (have: snapshot, docker, k8s, cloud, host, tools, replicas)"
+            "unknown benchmark {other:?} (have: snapshot, docker, k8s, cloud, host, tools, replicas, local-isolation)"
         )),
     }
+}
+
+/// `cargo xtask bench local-isolation`: the local backend confined vs unconfined, against a bare spawn
+/// and bubblewrap in the same run (`crates/sandbox-local/benches/local.rs`; bubblewrap is
+/// installed with apt when missing, and its row skipped if that fails).
+/// Writes `target/bench/local-isolation.json`.
+fn bench_local_isolation() -> Result<(), String> {
+    if Command::new("bwrap").arg("--version").output().is_err() {
+        let _ = run_env(
+            "apt-get",
+            &["install", "-y", "bubblewrap"],
+            &[("DEBIAN_FRONTEND", "noninteractive")],
+        );
+    }
+    let out = workspace_root().join("target/bench");
+    run_env(
+        "cargo",
+        &["bench", "-p", "sandbox-local", "--bench", "isolation"],
+        &[("SANDBOX_BENCH_OUT", out.to_str().expect("UTF-8 path"))],
+    )
 }
 
 fn workspace_root() -> std::path::PathBuf {

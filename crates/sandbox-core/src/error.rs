@@ -174,6 +174,18 @@ pub enum Error {
         operation: &'static str,
     },
 
+    /// The isolation asked for cannot be had here (a kernel feature is missing or refused):
+    /// nothing ran. Never retryable as is; `how_to_enable` says what would make it work.
+    #[error("the {backend} backend cannot isolate: {missing} is unavailable ({how_to_enable})")]
+    IsolationUnavailable {
+        /// The backend's tag.
+        backend: &'static str,
+        /// What is missing ("user namespaces", "Landlock", "a memory cgroup").
+        missing: String,
+        /// How to enable it, or the weaker level to ask for explicitly.
+        how_to_enable: String,
+    },
+
     /// A service the operation needs could not be reached.
     #[error("{service} is unavailable: {reason}")]
     Unavailable {
@@ -246,7 +258,9 @@ impl Error {
             Error::RestoreIncomplete { .. }
             | Error::UnknownStateType { .. }
             | Error::MalformedState { .. } => ErrorKind::Corrupt,
-            Error::NotSupported { .. } => ErrorKind::NotSupported,
+            Error::NotSupported { .. } | Error::IsolationUnavailable { .. } => {
+                ErrorKind::NotSupported
+            }
             Error::Unavailable { .. } | Error::RateLimited { .. } => ErrorKind::Unavailable,
             Error::Unauthorized { .. } => ErrorKind::Unauthorized,
             Error::Backend { .. } => ErrorKind::Backend,

@@ -332,6 +332,8 @@ pub struct SandboxManagerBuilder {
     scope: IsolationScope,
     config: SandboxConfig,
     require: Requirement,
+    /// [`require_isolation`](Self::require_isolation) was called.
+    require_isolation: bool,
     /// The snapshot store [`distributed`](Self::distributed) set, applied at build over the
     /// config's (whenever the config is set).
     distributed_snapshots: Option<Arc<dyn crate::snapshot::SnapshotStore>>,
@@ -393,6 +395,14 @@ impl SandboxManagerBuilder {
         self
     }
 
+    /// Make [`build`](Self::build) refuse a backend whose commands are not isolated from the
+    /// host by a kernel boundary ([`Capabilities::isolated`](crate::Capabilities::isolated)
+    /// false: the local backend's host shell), with [`Error::IsolationUnavailable`].
+    pub fn require_isolation(mut self) -> Self {
+        self.require_isolation = true;
+        self
+    }
+
     /// Make [`build`](Self::build) refuse a set-up that is unsafe for replicas on several
     /// hosts (the spec's `requireDistributed`): a guard, a state store and a snapshot store
     /// that are not shared by every host.
@@ -414,6 +424,15 @@ impl SandboxManagerBuilder {
             return Err(Error::NotSupported {
                 backend: self.client.backend(),
                 operation: "native snapshots (SnapshotFormat::Native)",
+            });
+        }
+        if self.require_isolation && !self.client.capabilities().isolated {
+            return Err(Error::IsolationUnavailable {
+                backend: self.client.backend(),
+                missing: "a kernel isolation boundary (its commands run as host processes)".into(),
+                how_to_enable: "use a backend that isolates: docker, k8s, a cloud backend, or \
+                                the local backend with its confined isolation"
+                    .into(),
             });
         }
         self.check()?;
@@ -609,6 +628,7 @@ impl SandboxManager {
             scope: IsolationScope::default(),
             config: SandboxConfig::default(),
             require: Requirement::None,
+            require_isolation: false,
             distributed_snapshots: None,
             housekeeping: None,
         }

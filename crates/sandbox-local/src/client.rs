@@ -10,9 +10,10 @@ use sandbox_core::{
 };
 
 use crate::BACKEND;
+use crate::confined::Slot;
 use crate::fsutil::{self, BindLink};
 use crate::handle::{BoxParts, LocalBox};
-use crate::options::LocalOptions;
+use crate::options::{Isolation, LocalOptions};
 use crate::state::LocalState;
 
 /// The local backend's client: one box is a directory under
@@ -33,6 +34,23 @@ impl LocalClient {
     /// The options.
     pub fn options(&self) -> &LocalOptions {
         &self.options
+    }
+
+    /// What a box of this client gets, found by starting (and stopping) one: `None` for
+    /// [`Isolation::HostShell`]; [`Error::IsolationUnavailable`] naming the missing piece
+    /// when the kernel refuses a required one.
+    pub async fn probe(&self) -> Result<Option<sandbox_confine::Report>> {
+        let Isolation::Confined(options) = &self.options.isolation else {
+            return Ok(None);
+        };
+        let options = options.clone();
+        let report = tokio::task::spawn_blocking(move || {
+            sandbox_confine::Confined::start(&options, &[]).map(|c| c.report().clone())
+        })
+        .await
+        .map_err(|e| Error::backend(BACKEND, "probe", e.to_string()))?
+        .map_err(crate::confined::to_error)?;
+        Ok(Some(report))
     }
 
     /// The base directory, created if missing, as a canonical path (so workspace roots are
@@ -60,18 +78,24 @@ impl LocalClient {
         key: Option<String>,
         spec: &WorkspaceSpec,
     ) -> Result<LocalBox> {
+        let links = bind_links(spec, &self.options.isolation)?;
+        let confined = match &self.options.isolation {
+            Isolation::Confined(o) => Some(Slot::new(o.clone(), box_dir.clone(), &links)),
+            Isolation::HostShell => None,
+        };
         LocalBox::new(BoxParts {
             box_dir,
             key,
             options: self.options.clone(),
             spec_env: spec.env.clone(),
-            links: bind_links(spec)?,
+            links,
+            confined,
         })
     }
 }
 
 /// The spec's bind mounts as links; what the local backend cannot honour is refused.
-fn bind_links(spec: &WorkspaceSpec) -> Result<Vec<BindLink>> {
+fn bind_links(spec: &WorkspaceSpec, isolation: &Isolation) -> Result<Vec<BindLink>> {
     if spec.root.is_some() {
         // The workspace is always `<box dir>/workspace`; silently using another root than
         // the one asked for would put files where the caller does not expect them.
@@ -79,13 +103,19 @@ fn bind_links(spec: &WorkspaceSpec) -> Result<Vec<BindLink>> {
     }
     spec.bind_mounts()
         .map(|(path, host, read_only)| {
-            if read_only {
-                // A symlink cannot make its target read-only.
+            if read_only && !isolation.is_confined() {
+                // A symlink cannot make its target read-only; a confined box mounts it so.
                 Err(not_supported(BACKEND, "read-only bind mount"))
+            } else if !host.is_absolute() {
+                Err(Error::invalid(
+                    "bind mount",
+                    format!("the host path {} is not absolute", host.display()),
+                ))
             } else {
                 Ok(BindLink {
                     path: path.clone(),
                     host: host.clone(),
+                    read_only,
                 })
             }
         })
@@ -141,20 +171,22 @@ impl SandboxClient for LocalClient {
         let mut caps = Capabilities::default();
         caps.keep = true;
         caps.bind_mounts = true;
-        caps.read_only_bind_mounts = false;
-        caps.isolated = false;
+        let confined = self.options.isolation.is_confined();
+        caps.read_only_bind_mounts = confined;
+        caps.isolated = confined;
         // Export and import are plain file operations on the host: they never block each other.
         caps.concurrent_transfers = true;
         caps.exec = ExecFeatures::all();
         // Processes that leave the command's process group die too only where a cgroup
-        // tracks them (detected once per process).
-        caps.exec.tree_kill = sandbox_core::host::tree_kill().kills_escaped();
+        // tracks them (detected once per process); in a confined box each command's PID
+        // namespace makes the kill total.
+        caps.exec.tree_kill = confined || sandbox_core::host::tree_kill().kills_escaped();
         caps
     }
 
     #[tracing::instrument(skip_all, fields(backend = BACKEND, key = request.key.map(|k| k.as_str())))]
     async fn create(&self, request: CreateRequest<'_>) -> Result<Box<dyn BoxHandle>> {
-        bind_links(request.spec)?;
+        bind_links(request.spec, &self.options.isolation)?;
         let base = self.base_dir().await?;
         // Only a kept box is found again by its key; an ephemeral one is the call's alone.
         let name = match request.key {
@@ -179,7 +211,7 @@ impl SandboxClient for LocalClient {
         spec: &WorkspaceSpec,
     ) -> Result<Box<dyn BoxHandle>> {
         let state = state.downcast::<LocalState>(BACKEND)?;
-        bind_links(spec)?;
+        bind_links(spec, &self.options.isolation)?;
         let base = self.base_dir().await?;
         if self.options.persistence == sandbox_core::Persistence::Ephemeral {
             // An ephemeral box did not outlive its call (or holds a call's unsaved work, or

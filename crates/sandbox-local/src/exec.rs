@@ -12,6 +12,7 @@ use sandbox_core::{Command, Error, ExecRequest, ExecResult, Inflight, RelPath, R
 use tracing::Instrument as _;
 
 use crate::BACKEND;
+use crate::confined::{self, Slot};
 use crate::fsutil::{self, BindLink};
 use crate::options::{EnvPolicy, LocalOptions};
 
@@ -22,6 +23,7 @@ pub(crate) struct ExecContext<'a> {
     pub spec_env: &'a BTreeMap<String, String>,
     pub links: &'a [BindLink],
     pub inflight: &'a Inflight,
+    pub confined: Option<&'a Slot>,
 }
 
 /// Run `request` in the box described by `cx`.
@@ -56,9 +58,50 @@ pub(crate) async fn run(cx: ExecContext<'_>, request: ExecRequest) -> Result<Exe
         cwd = %cwd.display(),
         timeout_ms = timeout.as_millis() as u64,
     );
-    host::run(host_command(&cx, request, argv, cwd, timeout), BACKEND)
-        .instrument(span)
-        .await
+    let command = host_command(&cx, request, argv, cwd, timeout);
+    match cx.confined {
+        None => host::run(command, BACKEND).instrument(span).await,
+        Some(slot) => {
+            let env = confined_env(&command)?;
+            let HostCommand {
+                argv,
+                cwd,
+                stdin,
+                timeout,
+                limits,
+                ..
+            } = command;
+            let spec = sandbox_confine::ExecSpec::new(argv, env, cwd);
+            async {
+                let init = slot.get().await?;
+                confined::run(init, spec, stdin, timeout, limits).await
+            }
+            .instrument(span)
+            .await
+        }
+    }
+}
+
+/// The command's whole environment as `KEY=value` strings (a confined command gets exactly
+/// these; with `inherit_env`, this process's environment under them).
+fn confined_env(command: &HostCommand) -> Result<Vec<String>> {
+    let mut env: BTreeMap<std::ffi::OsString, std::ffi::OsString> = BTreeMap::new();
+    if command.inherit_env {
+        env.extend(std::env::vars_os());
+    }
+    env.extend(command.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.into_iter()
+        .map(|(k, v)| match (k.to_str(), v.to_str()) {
+            (Some(k), Some(v)) => Ok(format!("{k}={v}")),
+            _ => Err(Error::invalid(
+                "environment variable",
+                format!(
+                    "`{}` is not valid UTF-8 (a confined box takes UTF-8 variables)",
+                    k.to_string_lossy()
+                ),
+            )),
+        })
+        .collect()
 }
 
 /// The command for `sandbox_core::host::run`: argv and cwd as resolved, environment layered

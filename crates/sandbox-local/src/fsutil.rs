@@ -26,11 +26,28 @@ pub(crate) const CREATING_PREFIX: &str = ".creating-";
 /// short leaves a name `sweep_leftovers` recognises, never a box name without its marker.
 pub(crate) const TRASH_PREFIX: &str = ".trash-";
 
-/// A read-write bind mount, realized as a symlink at `path` pointing to `host`.
+/// A bind mount, realized as a symlink at `path` pointing to `host` (in a confined box,
+/// `host` is also bind-mounted at its own path, read-only if `read_only`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BindLink {
     pub path: RelPath,
     pub host: PathBuf,
+    pub read_only: bool,
+}
+
+/// Refuse a write or removal at `path` beneath a read-only bind mount (the file tools work on
+/// the host, so the box's read-only mount does not stop them).
+pub(crate) fn check_writable(links: &[BindLink], path: &RelPath) -> Result<()> {
+    match links
+        .iter()
+        .find(|l| l.read_only && path != &l.path && path.starts_with(&l.path))
+    {
+        Some(link) => Err(Error::invalid(
+            "file",
+            format!("`{path}` lies in the read-only bind mount `{}`", link.path),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// What makes a box directory recognisably ours.

@@ -18,6 +18,7 @@ use sandbox_core::{
 };
 
 use crate::BACKEND;
+use crate::confined::Slot;
 use crate::exec::{self, ExecContext};
 use crate::fsutil::{self, BindLink, OLD_PREFIX, STAGING_PREFIX};
 use crate::options::LocalOptions;
@@ -41,6 +42,8 @@ struct Inner {
     /// Commands (until everything they started is dead) and blocking file operations still
     /// under way, also ones whose futures were dropped: what `settle` waits for.
     inflight: Inflight,
+    /// The confined box's init (`None`: host shell).
+    confined: Option<Slot>,
 }
 
 /// How long `settle` waits for a cancelled call's commands and file operations.
@@ -53,6 +56,7 @@ pub(crate) struct BoxParts {
     pub options: Arc<LocalOptions>,
     pub spec_env: BTreeMap<String, String>,
     pub links: Vec<BindLink>,
+    pub confined: Option<Slot>,
 }
 
 impl LocalBox {
@@ -80,8 +84,17 @@ impl LocalBox {
                 spec_env: parts.spec_env,
                 links: parts.links,
                 inflight: Inflight::new(),
+                confined: parts.confined,
             }),
         })
+    }
+
+    /// Shut the confined box's init down (everything running in the box dies).
+    async fn stop_confined(&self) -> Result<()> {
+        match &self.inner.confined {
+            Some(slot) => slot.shutdown().await,
+            None => Ok(()),
+        }
     }
 
     /// Run blocking filesystem work on a blocking thread.
@@ -189,6 +202,7 @@ impl Inner {
     /// symlink; a temporary file beside the name, then `renameat` over it (a symlink there is
     /// replaced, never followed).
     fn write_file(&self, path: &RelPath, data: &[u8], mode: u32) -> Result<()> {
+        fsutil::check_writable(&self.links, path)?;
         let abs = path.to_host(&self.workspace);
         let (root, rel) = fsutil::route(self.workspace_dir()?, &self.links, path)
             .map_err(|e| Error::io(&abs, e))?;
@@ -210,6 +224,7 @@ impl Inner {
             Err(e) => return Err(e),
         };
         for path in paths {
+            fsutil::check_writable(&self.links, path)?;
             let abs = path.to_host(&self.workspace);
             let workspace = workspace
                 .try_clone()
@@ -335,11 +350,18 @@ impl BoxHandle for LocalBox {
             }
             Ok(())
         })
-        .await
+        .await?;
+        // A confined box starts its init with the box: a kernel that refuses a required
+        // piece fails the boot, before any command runs.
+        if let Some(slot) = &self.inner.confined {
+            slot.get().await?;
+        }
+        Ok(())
     }
 
     #[tracing::instrument(skip_all, fields(backend = BACKEND, box_dir = %self.inner.box_dir.display(), persistence = ?self.inner.persistence))]
     async fn release(&self) -> Result<()> {
+        self.stop_confined().await?;
         match self.inner.persistence {
             Persistence::Keep => Ok(()),
             _ => self.blocking("release", Inner::remove_box).await,
@@ -347,12 +369,13 @@ impl BoxHandle for LocalBox {
     }
 
     async fn park(&self) -> Result<()> {
-        // A box is a directory: kept is simply not removed.
-        Ok(())
+        // A box is a directory: kept is simply not removed. Nothing runs in a parked box.
+        self.stop_confined().await
     }
 
     #[tracing::instrument(skip_all, fields(backend = BACKEND, box_dir = %self.inner.box_dir.display()))]
     async fn destroy(&self) -> Result<()> {
+        self.stop_confined().await?;
         self.blocking("destroy", Inner::remove_box).await
     }
 
@@ -384,6 +407,7 @@ impl BoxHandle for LocalBox {
                 spec_env: &i.spec_env,
                 links: &i.links,
                 inflight: &i.inflight,
+                confined: i.confined.as_ref(),
             },
             request,
         )

@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use sandbox_confine::ConfineOptions;
 use sandbox_core::Persistence;
 
 /// `PATH` and `LANG` of the [`EnvPolicy::Minimal`] environment (`sandbox_core::host`'s
@@ -24,6 +25,43 @@ pub enum EnvPolicy {
     Inherit,
 }
 
+/// How a box's commands are kept from the host.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Isolation {
+    /// Confined by the kernel (`sandbox_confine`): one init per box in its own user, mount,
+    /// PID, network, IPC, UTS and cgroup namespaces; a read-only view of the host's system
+    /// directories, the box directory the only writable place besides a private `/tmp`;
+    /// loopback only; no capabilities, no_new_privs, Landlock, a seccomp denylist; resource
+    /// limits. Starting a box fails with [`sandbox_core::Error::IsolationUnavailable`] when the
+    /// kernel refuses a required piece (weaker levels are asked for in [`ConfineOptions`]).
+    Confined(ConfineOptions),
+    /// The explicit opt-out: commands run as host processes in the workspace directory, with
+    /// the caller's rights. Not a security boundary.
+    HostShell,
+}
+
+impl Isolation {
+    /// Confined with the default [`ConfineOptions`].
+    pub fn confined() -> Isolation {
+        Isolation::Confined(ConfineOptions::default())
+    }
+
+    /// Whether commands are confined.
+    pub fn is_confined(&self) -> bool {
+        matches!(self, Isolation::Confined(_))
+    }
+}
+
+impl Default for Isolation {
+    /// [`Isolation::Confined`] with the default [`ConfineOptions`]: a box starts only where
+    /// the kernel confines it (or fails with the missing piece named); the host shell is the
+    /// explicit opt-out.
+    fn default() -> Self {
+        Isolation::confined()
+    }
+}
+
 /// Options of [`crate::LocalClient`].
 ///
 /// | option | default |
@@ -34,6 +72,7 @@ pub enum EnvPolicy {
 /// | [`extra_env`](Self::extra_env) | empty |
 /// | [`default_timeout`](Self::default_timeout) | 120 s |
 /// | [`shell`](Self::shell) | `["bash", "-c"]` (not a login shell: no profile is read) |
+/// | [`isolation`](Self::isolation) | [`Isolation::default`] |
 ///
 /// ```
 /// use std::time::Duration;
@@ -63,6 +102,8 @@ pub struct LocalOptions {
     pub default_timeout: Duration,
     /// The program and leading arguments that run a shell command line.
     pub shell: Vec<String>,
+    /// How commands are kept from the host.
+    pub isolation: Isolation,
 }
 
 impl Default for LocalOptions {
@@ -74,6 +115,7 @@ impl Default for LocalOptions {
             extra_env: BTreeMap::new(),
             default_timeout: Duration::from_secs(120),
             shell: vec!["bash".to_owned(), "-c".to_owned()],
+            isolation: Isolation::default(),
         }
     }
 }
@@ -109,6 +151,12 @@ impl LocalOptions {
         self
     }
 
+    /// Set the isolation.
+    pub fn isolation(mut self, isolation: Isolation) -> Self {
+        self.isolation = isolation;
+        self
+    }
+
     /// Set the shell prefix, e.g. `["sh", "-c"]`.
     pub fn shell<I, S>(mut self, shell: I) -> Self
     where
@@ -130,6 +178,7 @@ impl fmt::Debug for LocalOptions {
             .field("extra_env", &self.extra_env.keys().collect::<Vec<_>>())
             .field("default_timeout", &self.default_timeout)
             .field("shell", &self.shell)
+            .field("isolation", &self.isolation)
             .finish()
     }
 }

@@ -8,19 +8,30 @@ use std::sync::Arc;
 use sandbox_core::testkit::Fixture;
 use sandbox_core::{Persistence, SandboxClient, SandboxState, async_trait};
 
-use crate::{LocalClient, LocalOptions, LocalState};
+use crate::{Isolation, LocalClient, LocalOptions, LocalState};
 
 /// Clients share one temporary base directory, as two replicas on one host would.
 pub struct LocalFixture {
     base: tempfile::TempDir,
+    isolation: Isolation,
 }
 
 impl LocalFixture {
-    /// A fixture over a new temporary base directory.
+    /// A fixture over a new temporary base directory, with the default isolation.
     pub fn new() -> LocalFixture {
+        LocalFixture::with_isolation(Isolation::default())
+    }
+
+    /// A fixture whose clients use `isolation`.
+    pub fn with_isolation(isolation: Isolation) -> LocalFixture {
         LocalFixture {
             base: tempfile::tempdir().expect("tempdir"),
+            isolation,
         }
+    }
+
+    fn options(&self) -> LocalOptions {
+        LocalOptions::default().isolation(self.isolation.clone())
     }
 }
 
@@ -34,7 +45,7 @@ impl Default for LocalFixture {
 impl Fixture for LocalFixture {
     async fn client(&self, persistence: Persistence) -> Arc<dyn SandboxClient> {
         Arc::new(LocalClient::new(
-            LocalOptions::default()
+            self.options()
                 .base_dir(self.base.path())
                 .persistence(persistence),
         ))
@@ -42,7 +53,7 @@ impl Fixture for LocalFixture {
 
     async fn client_at(&self, persistence: Persistence, shared: &Path) -> Arc<dyn SandboxClient> {
         Arc::new(LocalClient::new(
-            LocalOptions::default()
+            self.options()
                 .base_dir(shared.join("boxes"))
                 .persistence(persistence),
         ))

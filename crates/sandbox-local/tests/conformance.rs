@@ -1,4 +1,5 @@
-//! The core conformance kit, run against the local backend.
+//! The core conformance kit, run against the local backend with its default isolation
+//! (confined by the kernel).
 
 use sandbox_local::testkit::LocalFixture;
 

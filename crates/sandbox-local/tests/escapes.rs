@@ -1,16 +1,24 @@
 //! Everything a command starts dies with it: eight ways of leaving a process behind
 //! (background jobs, daemons, new sessions and process groups), each after a timeout, a normal
-//! exit and a cancelled exec (the escapes and the driver: `sandbox_core::testkit::escapes`).
+//! exit and a cancelled exec (the escapes and the driver: `sandbox_core::testkit::escapes`),
+//! on the host shell (`Isolation::HostShell`: the driver checks host pids). The confined
+//! box's version is in `escape.rs`.
 
 mod common;
 
 use common::TestBox;
 use sandbox_core::ExecRequest;
+use sandbox_core::WorkspaceSpec;
 use sandbox_core::host::tree_kill;
 use sandbox_core::testkit::escapes::{ESCAPES, End, survivors};
+use sandbox_local::{Isolation, LocalOptions};
 
 async fn check(end: End) {
-    let b = TestBox::default().await;
+    let b = TestBox::new(
+        LocalOptions::default().isolation(Isolation::HostShell),
+        WorkspaceSpec::default(),
+    )
+    .await;
     let survived = survivors(&b.root(), end, |script, timeout| {
         b.sandbox.exec(ExecRequest::shell(script).timeout(timeout))
     })

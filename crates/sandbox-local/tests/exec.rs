@@ -1,5 +1,7 @@
 //! exec against real processes: streams, stdin, cwd, env, caps, timeouts, killing what a
-//! command started (more in `escapes.rs`).
+//! command started (more in `escapes.rs`). Boxes have the default (confined) isolation, but
+//! the kill checks, which follow processes by host pid, run on the host shell; a confined
+//! box's kills are checked in `escape.rs`.
 
 mod common;
 
@@ -251,7 +253,7 @@ async fn large_output_is_capped_without_deadlock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_kills_a_backgrounded_grandchild_and_keeps_partial_output() {
-    let b = TestBox::default().await;
+    let b = TestBox::host_shell().await;
     let started = Instant::now();
     let r = b
         .sandbox
@@ -292,7 +294,7 @@ async fn default_timeout_applies_when_the_request_has_none() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_job_left_after_normal_exit_is_killed() {
-    let b = TestBox::default().await;
+    let b = TestBox::host_shell().await;
     let r = b
         .sandbox
         .exec(ExecRequest::shell(
@@ -315,7 +317,7 @@ async fn background_job_left_after_normal_exit_is_killed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setsid_grandchild_holding_stdout_is_killed_and_does_not_hang_exec() {
-    let b = TestBox::default().await;
+    let b = TestBox::host_shell().await;
     let started = Instant::now();
     let r = b
         .sandbox
@@ -381,7 +383,7 @@ async fn exec_without_workspace_is_not_found() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_exec_kills_its_process_group() {
-    let b = TestBox::default().await;
+    let b = TestBox::host_shell().await;
     let exec = b.sandbox.exec(
         ExecRequest::shell("echo $$ > main.pid; sleep 300 & echo $! > c.pid; wait")
             .timeout(Duration::from_secs(120)),

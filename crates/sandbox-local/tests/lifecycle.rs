@@ -37,6 +37,11 @@ async fn backend_and_capabilities() {
     assert_eq!(c.backend(), "local");
     let caps = c.capabilities();
     assert!(caps.keep && caps.bind_mounts);
+    // Confined by default.
+    assert!(caps.read_only_bind_mounts && caps.isolated && caps.exec.tree_kill);
+    let host =
+        LocalClient::new(LocalOptions::default().isolation(sandbox_local::Isolation::HostShell));
+    let caps = host.capabilities();
     assert!(!caps.read_only_bind_mounts && !caps.isolated);
 }
 
@@ -322,4 +327,56 @@ async fn ephemeral_states_move_between_hosts() {
     // The stored state names host b's box; host a deletes the key all the same.
     let report = a.delete(&ctx).await.unwrap();
     assert!(report.state && report.snapshots >= 1, "{report:?}");
+}
+
+/// `require_isolation` refuses the host shell by name and accepts the confined default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_isolation_refuses_the_host_shell() {
+    let host: Arc<dyn SandboxClient> = Arc::new(LocalClient::new(
+        LocalOptions::default().isolation(sandbox_local::Isolation::HostShell),
+    ));
+    let Err(err) = sandbox_core::SandboxManager::builder(host)
+        .require_isolation()
+        .build()
+    else {
+        panic!("the host shell must be refused");
+    };
+    assert!(
+        matches!(
+            err,
+            sandbox_core::Error::IsolationUnavailable {
+                backend: "local",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let confined: Arc<dyn SandboxClient> = Arc::new(LocalClient::new(LocalOptions::default()));
+    sandbox_core::SandboxManager::builder(confined)
+        .require_isolation()
+        .build()
+        .unwrap();
+}
+
+/// The client says what a box gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_reports_the_achieved_isolation() {
+    let report = LocalClient::new(LocalOptions::default())
+        .probe()
+        .await
+        .unwrap()
+        .expect("confined by default");
+    eprintln!("{report}");
+    assert_eq!(report.namespaces.len(), 7, "{report}");
+    assert!(report.seccomp && report.no_new_privs && report.capabilities_dropped);
+    assert!(
+        report.landlock_abi > 0 && report.landlock == "fully enforced",
+        "{report}"
+    );
+    let none =
+        LocalClient::new(LocalOptions::default().isolation(sandbox_local::Isolation::HostShell))
+            .probe()
+            .await
+            .unwrap();
+    assert!(none.is_none());
 }

@@ -398,7 +398,11 @@ async fn bind_mount_paths_resolve_beneath_the_declared_host_directory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_bind_mounts_and_custom_roots_are_not_supported() {
     let dir = tempfile::tempdir().unwrap();
-    let client = LocalClient::new(LocalOptions::default().base_dir(dir.path()));
+    let client = LocalClient::new(
+        LocalOptions::default()
+            .isolation(sandbox_local::Isolation::HostShell)
+            .base_dir(dir.path()),
+    );
     let ro = WorkspaceSpec::builder()
         .bind_mount("data", "/srv", true)
         .build()

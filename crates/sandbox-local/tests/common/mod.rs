@@ -39,6 +39,16 @@ impl TestBox {
         TestBox::new(LocalOptions::default(), WorkspaceSpec::default()).await
     }
 
+    /// A box of the unconfined host shell (`Isolation::HostShell`): for checks that look at
+    /// the command's processes by their host pid (a confined box's pids are its own).
+    pub async fn host_shell() -> TestBox {
+        TestBox::new(
+            LocalOptions::default().isolation(sandbox_local::Isolation::HostShell),
+            WorkspaceSpec::default(),
+        )
+        .await
+    }
+
     pub fn handle(&self) -> &dyn BoxHandle {
         self.sandbox.handle()
     }
