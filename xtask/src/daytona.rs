@@ -1,5 +1,5 @@
 //! `cargo xtask daytona-fidelity`: the official Daytona Python SDK (pinned) against the
-//! Daytona test server (`crates/daytona-testserver`), whose sandboxes are containers of the
+//! Daytona test server (`testing/daytona-testserver`), whose sandboxes are containers of the
 //! k8s pod image.
 
 /// `cargo xtask daytona-fidelity`: start the test server (bin), run the fidelity script with
@@ -9,9 +9,9 @@ pub(crate) fn fidelity() -> Result<(), String> {
         name: "daytona test server",
         package: "daytona-testserver",
         args: vec!["--image".into(), crate::k8s_pod_image_tag()],
-        requirements: "crates/daytona-testserver/fidelity/requirements.txt",
-        venv: "target/py-venv-daytona",
-        script: "crates/daytona-testserver/fidelity/fidelity.py",
+        requirements: "testing/daytona-testserver/fidelity/requirements.txt",
+        venv: "py-venv-daytona",
+        script: "testing/daytona-testserver/fidelity/fidelity.py",
         env: Vec::new(),
     })
 }

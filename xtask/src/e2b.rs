@@ -1,5 +1,5 @@
 //! `cargo xtask e2b-fidelity`: the official E2B Python SDK (pinned) against the E2B test
-//! server (`crates/e2b-testserver`), whose sandboxes are containers of the k8s pod image.
+//! server (`testing/e2b-testserver`), whose sandboxes are containers of the k8s pod image.
 
 /// `cargo xtask e2b-fidelity`: start the test server (bin), run the fidelity script with
 /// the pinned SDK, always stop the server.
@@ -8,9 +8,9 @@ pub(crate) fn fidelity() -> Result<(), String> {
         name: "e2b test server",
         package: "e2b-testserver",
         args: vec!["--image".into(), crate::k8s_pod_image_tag()],
-        requirements: "crates/e2b-testserver/fidelity/requirements.txt",
-        venv: "target/py-venv-e2b",
-        script: "crates/e2b-testserver/fidelity/fidelity.py",
+        requirements: "testing/e2b-testserver/fidelity/requirements.txt",
+        venv: "py-venv-e2b",
+        script: "testing/e2b-testserver/fidelity/fidelity.py",
         env: Vec::new(),
     })
 }

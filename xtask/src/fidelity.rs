@@ -18,7 +18,7 @@ pub(crate) struct Check {
     pub args: Vec<String>,
     /// Pinned requirements (workspace-relative).
     pub requirements: &'static str,
-    /// The venv (workspace-relative).
+    /// The venv (relative to the target directory).
     pub venv: &'static str,
     /// The check script (workspace-relative).
     pub script: &'static str,
@@ -69,10 +69,10 @@ pub(crate) fn run_check(check: Check) -> Result<(), String> {
     })
 }
 
-/// The venv at `dir` (workspace-relative) with the pinned `requirements`; its python.
+/// The venv at `dir` (relative to the target directory) with the pinned `requirements`; its python.
 pub(crate) fn venv(dir: &str, requirements: &str) -> Result<String, String> {
     let root = workspace_root();
-    let venv = root.join(dir);
+    let venv = crate::target_dir().join(dir);
     let python = venv.join("bin/python");
     if !python.exists() {
         run("python3", &["-m", "venv", &venv.display().to_string()])?;
@@ -96,16 +96,7 @@ pub(crate) fn venv(dir: &str, requirements: &str) -> Result<String, String> {
 
 /// Where cargo put a debug bin (`CARGO_TARGET_DIR` or `target`).
 fn bin_path(name: &str) -> PathBuf {
-    let root = workspace_root();
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let target = if target.is_relative() {
-        root.join(target)
-    } else {
-        target
-    };
-    target.join("debug").join(name)
+    crate::target_dir().join("debug").join(name)
 }
 
 /// A test server's process; stopped (SIGTERM, so it removes its containers) on drop.
@@ -117,7 +108,7 @@ struct Server {
 
 impl Server {
     fn start(check: &Check) -> Result<Server, String> {
-        let dir = workspace_root().join("target").join(check.package);
+        let dir = crate::target_dir().join(check.package);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let ready = dir.join("fidelity.ready");
         let _ = std::fs::remove_file(&ready);

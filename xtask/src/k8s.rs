@@ -1,8 +1,8 @@
 //! `cargo xtask k8s-up` and `cargo xtask k8s-fidelity`: the Kubernetes test cluster
-//! (`crates/k8s-testcluster`) in the foreground, and the official-client fidelity check
+//! (`testing/k8s-testcluster`) in the foreground, and the official-client fidelity check
 //! against it.
 
-use crate::{run, run_env, workspace_root};
+use crate::{run, run_env};
 
 /// The pod image (`cargo xtask images`): sandboxd serving REST, gRPC and the legacy
 /// python-runtime API, by the content tag this run built.
@@ -10,9 +10,9 @@ fn pod_image() -> String {
     crate::k8s_pod_image_tag()
 }
 /// The Python environment of the fidelity check (every package pinned).
-const REQUIREMENTS: &str = "crates/k8s-testcluster/fidelity/requirements.txt";
-const SCRIPT: &str = "crates/k8s-testcluster/fidelity/fidelity.py";
-const VENV: &str = "target/py-venv";
+const REQUIREMENTS: &str = "testing/k8s-testcluster/fidelity/requirements.txt";
+const SCRIPT: &str = "testing/k8s-testcluster/fidelity/fidelity.py";
+const VENV: &str = "py-venv";
 
 /// `cargo xtask k8s-up [ARGS]`: build the images, run the cluster in the foreground
 /// (Ctrl-C stops it and removes its containers).
@@ -41,12 +41,14 @@ pub(crate) fn up(args: &[String]) -> Result<(), String> {
 pub(crate) fn bench() -> Result<(), String> {
     crate::docker_images()?;
     let image = pod_image();
+    let out = crate::target_dir().join("bench");
     run_env(
         "cargo",
         &["bench", "-p", "sandbox-k8s", "--bench", "k8s"],
         &[
             ("SANDBOX_TEST_DOCKER", "1"),
             ("SANDBOX_K8S_POD_IMAGE", image.as_str()),
+            ("SANDBOX_BENCH_OUT", out.to_str().expect("UTF-8 path")),
         ],
     )
 }
@@ -54,7 +56,7 @@ pub(crate) fn bench() -> Result<(), String> {
 /// `cargo xtask k8s-fidelity`: start the cluster (bin), run the fidelity script with the
 /// pinned official clients, always stop the cluster.
 pub(crate) fn fidelity() -> Result<(), String> {
-    let kubeconfig = workspace_root().join("target/k8s-testcluster/fidelity.kubeconfig");
+    let kubeconfig = crate::target_dir().join("k8s-testcluster/fidelity.kubeconfig");
     crate::fidelity::run_check(crate::fidelity::Check {
         name: "k8s test cluster",
         package: "k8s-testcluster",
@@ -76,7 +78,7 @@ pub(crate) fn fidelity() -> Result<(), String> {
     })
 }
 
-/// `target/py-venv` with the pinned packages; its python.
+/// `py-venv` (under the target directory) with the pinned packages; its python.
 pub(crate) fn venv() -> Result<String, String> {
     crate::fidelity::venv(VENV, REQUIREMENTS)
 }

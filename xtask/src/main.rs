@@ -18,7 +18,7 @@ mod unprivileged;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("test") => test(),
+        Some("test") => test(&args[1..]),
         Some("images") => docker_images(),
         Some("redis-test") => redis_test(&args[1..]),
         Some("s3-test") => s3_test(&args[1..]),
@@ -30,7 +30,7 @@ fn main() -> ExitCode {
         Some("daytona-fidelity") => daytona::fidelity(),
         Some("help") | None => {
             println!(
-                "usage: cargo xtask <task>\n\ntasks:\n  test          fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  s3-test [ARGS]  install s3s-fs if missing and run `cargo test ARGS` with SANDBOX_TEST_S3FS set (e.g. -p snapshot-oss)\n  images        build the Docker test images locally (no registry), cached; also the k8s test pod image (static sandboxd)\n  k8s-up [ARGS]  build the images and run the Kubernetes test cluster in the foreground (prints kubeconfig, API and router URLs)\n  k8s-fidelity  start the k8s test cluster and run the official Python clients (pinned, target/py-venv) against it\n  e2b-fidelity  start the E2B test server and run the official E2B Python SDK (pinned, target/py-venv-e2b) against it\n  daytona-fidelity  start the Daytona test server and run the official Daytona Python SDK (pinned, target/py-venv-daytona) against it\n  bench snapshot [--store local|s3|redis]... [W]  snapshot engine on each store (default all three; servers started here) vs same-run floors (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench k8s     k8s backend on the test cluster vs the Docker backend, same engine -> target/bench/k8s.json\n  bench cloud   E2B and Daytona backends on their test servers vs the Docker backend, same engine -> target/bench/cloud.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench tools   the agent tools (sandbox-fs, local mode) on 64 MiB adversarial inputs vs same-run floors -> target/bench/tools.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json\n  bench local-isolation  exec of `true` in a local box unconfined vs confined, vs a bare spawn and bwrap; box create + first exec; idle box RSS -> target/bench/local-isolation.json\n  unprivileged-test  the confined local backend's escape suite and conformance kit as uid 65534 (also part of `test`)"
+                "usage: cargo xtask <task>\n\ntasks:\n  test [--only GROUP,...]  fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart; --only runs the named groups (lint, tests, local, unprivileged, docker, k8s, e2b, daytona, redis, s3, fidelity, quickstart)\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  s3-test [ARGS]  install s3s-fs if missing and run `cargo test ARGS` with SANDBOX_TEST_S3FS set (e.g. -p snapshot-oss)\n  images        build the Docker test images locally (no registry), cached; also the k8s test pod image (static sandboxd)\n  k8s-up [ARGS]  build the images and run the Kubernetes test cluster in the foreground (prints kubeconfig, API and router URLs)\n  k8s-fidelity  start the k8s test cluster and run the official Python clients (pinned, target/py-venv) against it\n  e2b-fidelity  start the E2B test server and run the official E2B Python SDK (pinned, target/py-venv-e2b) against it\n  daytona-fidelity  start the Daytona test server and run the official Daytona Python SDK (pinned, target/py-venv-daytona) against it\n  bench snapshot [--store local|s3|redis]... [W]  snapshot engine on each store (default all three; servers started here) vs same-run floors (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench k8s     k8s backend on the test cluster vs the Docker backend, same engine -> target/bench/k8s.json\n  bench cloud   E2B and Daytona backends on their test servers vs the Docker backend, same engine -> target/bench/cloud.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench tools   the agent tools (sandbox-fs, local mode) on 64 MiB adversarial inputs vs same-run floors -> target/bench/tools.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json\n  bench local-isolation  exec of `true` in a local box unconfined vs confined, vs a bare spawn and bwrap; box create + first exec; idle box RSS -> target/bench/local-isolation.json\n  unprivileged-test  the confined local backend's escape suite and conformance kit as uid 65534 (also part of `test`)"
             );
             Ok(())
         }
@@ -45,44 +45,211 @@ fn main() -> ExitCode {
     }
 }
 
-fn test() -> Result<(), String> {
-    let started = Instant::now();
-    run("cargo", &["fmt", "--all", "--", "--check"])?;
-    run(
-        "cargo",
-        &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--all-features",
-            "--",
-            "-D",
-            "warnings",
+/// The groups `cargo xtask test --only` selects; with no `--only`, all of them run.
+/// `lint`: fmt --check, clippy, cargo-deny. `tests`: every crate's tests with every service.
+/// `local`: core, local, fs and facade tests (no service). `unprivileged`: the confined local
+/// backend's escape suite and kit as an unprivileged user. `docker`, `k8s`, `e2b`, `daytona`,
+/// `redis`, `s3`: those crates' tests (and for k8s, e2b, daytona their fidelity check).
+/// `fidelity`: the official Python SDKs against the three test servers. `quickstart`.
+const TEST_GROUPS: [&str; 12] = [
+    "lint",
+    "tests",
+    "local",
+    "unprivileged",
+    "docker",
+    "k8s",
+    "e2b",
+    "daytona",
+    "redis",
+    "s3",
+    "fidelity",
+    "quickstart",
+];
+
+/// The packages whose tests a group runs (`tests` runs the whole workspace).
+fn group_packages(group: &str) -> &'static [&'static str] {
+    match group {
+        "local" => &[
+            "sandbox-core",
+            "sandbox-local",
+            "sandbox-fs",
+            "sandbox-harness",
         ],
-    )?;
-    cargo_deny()?;
-    docker_test_preflight()?;
-    // Installed (a few minutes of compiling the first time) before any service starts.
-    let s3fs = s3s_fs()?;
-    // The official Python SDKs, pinned (sandboxd's official-SDK test, the fidelity check).
-    let sdk_python = k8s::venv()?;
-    // Stopped when it goes out of scope: after the tests, or at the first failure.
-    let redis = RedisService::start()?;
-    let mut env = docker_test_env();
-    env.extend(redis.test_env());
-    env.push((S3FS_VAR, s3fs));
-    env.push(("SANDBOXD_TEST_SDK_PYTHON", sdk_python));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    run_env("cargo", &["test", "--workspace", "--all-features"], &env)?;
-    drop(redis);
-    // The confined local backend again, as an unprivileged user.
-    unprivileged::run()?;
-    k8s::fidelity()?;
-    e2b::fidelity()?;
-    daytona::fidelity()?;
-    run("cargo", &["run", "--quiet", "--example", "quickstart"])?;
+        "docker" => &["sandbox-docker", "test-docker"],
+        "k8s" => &[
+            "sandbox-k8s",
+            "sandboxd",
+            "sandboxd-proto",
+            "k8s-testcluster",
+        ],
+        "e2b" => &[
+            "sandbox-e2b",
+            "e2b-testserver",
+            "e2b-envd-proto",
+            "sandbox-cloud",
+        ],
+        "daytona" => &["sandbox-daytona", "daytona-testserver", "sandbox-cloud"],
+        "redis" => &[
+            "guard-redis",
+            "store-redis",
+            "snapshot-redis",
+            "harness-integration",
+        ],
+        "s3" => &["snapshot-oss"],
+        _ => &[],
+    }
+}
+
+/// `cargo xtask test [--only GROUP[,GROUP]...]`: everything CI runs, or the chosen groups.
+fn test(args: &[String]) -> Result<(), String> {
+    let started = Instant::now();
+    let mut only: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let list = match arg.strip_prefix("--only=") {
+            Some(v) => v.to_owned(),
+            None if arg == "--only" => it
+                .next()
+                .ok_or("--only needs a group (cargo xtask help)")?
+                .clone(),
+            None => return Err(format!("unknown argument `{arg}` of `cargo xtask test`")),
+        };
+        for g in list.split(',').map(str::trim).filter(|g| !g.is_empty()) {
+            if !TEST_GROUPS.contains(&g) {
+                return Err(format!(
+                    "unknown group `{g}` (have: {})",
+                    TEST_GROUPS.join(", ")
+                ));
+            }
+            only.push(g.to_owned());
+        }
+    }
+    let all = only.is_empty();
+    let wants = |g: &str| all || only.iter().any(|o| o == g);
+    let mut steps = Steps::default();
+    if wants("lint") {
+        steps.time("fmt --check", || {
+            run("cargo", &["fmt", "--all", "--", "--check"])
+        })?;
+        steps.time("clippy", || {
+            run(
+                "cargo",
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--all-features",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+            )
+        })?;
+        steps.time("cargo-deny", cargo_deny)?;
+    }
+    // Which packages' tests run: all (`tests`, or no `--only`), or the union of the groups'.
+    let mut packages: Vec<&str> = Vec::new();
+    if !wants("tests") {
+        for g in &only {
+            for p in group_packages(g) {
+                if !packages.contains(p) {
+                    packages.push(p);
+                }
+            }
+        }
+    }
+    let run_tests = wants("tests") || !packages.is_empty();
+    let needs_docker = run_tests
+        && (wants("tests")
+            || packages
+                .iter()
+                .any(|p| !group_packages("local").contains(p) && *p != "snapshot-oss"));
+    let fidelity: Vec<&str> = ["k8s", "e2b", "daytona"]
+        .into_iter()
+        .filter(|g| all || wants("fidelity") || only.iter().any(|o| o == g))
+        .collect();
+    if needs_docker || !fidelity.is_empty() {
+        steps.time("docker images", docker_test_preflight)?;
+    }
+    let mut cmd = vec!["test", "--all-features"];
+    if packages.is_empty() {
+        cmd.push("--workspace");
+    }
+    for p in &packages {
+        cmd.extend(["-p", p]);
+    }
+    if needs_docker {
+        // Installed (a few minutes of compiling the first time) before any service starts.
+        let s3fs = steps.time("s3s-fs", s3s_fs)?;
+        // The official Python SDKs, pinned (sandboxd's official-SDK test, the fidelity check).
+        let sdk_python = steps.time("python venv", k8s::venv)?;
+        // Stopped when it goes out of scope: after the tests, or at the first failure.
+        let redis = RedisService::start()?;
+        let mut env = docker_test_env();
+        env.extend(redis.test_env());
+        env.push((S3FS_VAR, s3fs));
+        env.push(("SANDBOXD_TEST_SDK_PYTHON", sdk_python));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        steps.time("cargo test", || run_env("cargo", &cmd, &env))?;
+        drop(redis);
+    } else if run_tests {
+        // `local` (or `s3`) alone: no Docker, Redis or venv.
+        let s3fs = if packages.contains(&"snapshot-oss") {
+            Some(steps.time("s3s-fs", s3s_fs)?)
+        } else {
+            None
+        };
+        let env: Vec<(&str, &str)> = s3fs.iter().map(|b| (S3FS_VAR, b.as_str())).collect();
+        steps.time("cargo test", || run_env("cargo", &cmd, &env))?;
+    }
+    if all || wants("unprivileged") {
+        // The confined local backend again, as an unprivileged user.
+        steps.time("unprivileged", unprivileged::run)?;
+    }
+    for g in fidelity {
+        match g {
+            "k8s" => steps.time("k8s fidelity", k8s::fidelity)?,
+            "e2b" => steps.time("e2b fidelity", e2b::fidelity)?,
+            _ => steps.time("daytona fidelity", daytona::fidelity)?,
+        }
+    }
+    if wants("quickstart") {
+        steps.time("quickstart", || {
+            run("cargo", &["run", "--quiet", "--example", "quickstart"])
+        })?;
+    }
+    steps.print();
     println!("xtask test: all passed in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// How long each step of `cargo xtask test` took, printed slowest first at the end.
+#[derive(Default)]
+struct Steps(Vec<(&'static str, std::time::Duration)>);
+
+impl Steps {
+    fn time<T>(
+        &mut self,
+        name: &'static str,
+        step: impl FnOnce() -> Result<T, String>,
+    ) -> Result<T, String> {
+        let started = Instant::now();
+        let out = step();
+        self.0.push((name, started.elapsed()));
+        if out.is_err() {
+            self.print();
+        }
+        out
+    }
+
+    fn print(&self) {
+        let mut steps = self.0.clone();
+        steps.sort_by_key(|s| std::cmp::Reverse(s.1));
+        println!("xtask test: steps, slowest first:");
+        for (name, took) in steps {
+            println!("  {:>8.1}s  {name}", took.as_secs_f64());
+        }
+    }
 }
 
 /// The version of cargo-deny the checks run with (installed from crates.io when missing).
@@ -122,12 +289,13 @@ fn cargo_deny() -> Result<(), String> {
 fn bench_cloud() -> Result<(), String> {
     docker_images()?;
     let image = k8s_pod_image_tag();
+    let out = target_dir().join("bench");
     run_env(
         "cargo",
         &[
             "bench",
             "-p",
-            "sandbox-harness",
+            "harness-integration",
             "--features",
             "docker,e2b,daytona",
             "--bench",
@@ -136,6 +304,7 @@ fn bench_cloud() -> Result<(), String> {
         &[
             ("SANDBOX_TEST_DOCKER", "1"),
             ("SANDBOX_K8S_POD_IMAGE", image.as_str()),
+            ("SANDBOX_BENCH_OUT", out.to_str().expect("UTF-8 path")),
         ],
     )
 }
@@ -149,7 +318,7 @@ fn bench(args: &[String]) -> Result<(), String> {
         Some("replicas") => bench_replicas(),
         Some("local-isolation") => bench_local_isolation(),
         Some("host") => {
-            let out = workspace_root().join("target/bench");
+            let out = target_dir().join("bench");
             run_env(
                 "cargo",
                 &["bench", "--package", "sandbox-core", "--bench", "host"],
@@ -157,7 +326,7 @@ fn bench(args: &[String]) -> Result<(), String> {
             )
         }
         Some("tools") => {
-            let out = workspace_root().join("target/bench");
+            let out = target_dir().join("bench");
             run_env(
                 "cargo",
                 &["bench", "--package", "sandbox-fs", "--bench", "tools"],
@@ -182,7 +351,7 @@ fn bench_local_isolation() -> Result<(), String> {
             &[("DEBIAN_FRONTEND", "noninteractive")],
         );
     }
-    let out = workspace_root().join("target/bench");
+    let out = target_dir().join("bench");
     run_env(
         "cargo",
         &["bench", "-p", "sandbox-local", "--bench", "isolation"],
@@ -195,6 +364,25 @@ fn workspace_root() -> std::path::PathBuf {
         .parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()
+}
+
+/// Cargo's build output directory: `CARGO_TARGET_DIR` when set (a relative value is relative
+/// to the current directory, as cargo reads it), else the workspace's `target/`. Every path
+/// to build output or to xtask's own scratch files (images, venvs, bench reports) starts here.
+fn target_dir() -> std::path::PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
+        Some(dir) => {
+            let dir = std::path::PathBuf::from(dir);
+            if dir.is_relative() {
+                std::env::current_dir()
+                    .map(|cwd| cwd.join(&dir))
+                    .unwrap_or(dir)
+            } else {
+                dir
+            }
+        }
+        None => workspace_root().join("target"),
+    }
 }
 
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
@@ -250,7 +438,7 @@ fn bench_snapshot(args: &[String]) -> Result<(), String> {
     if stores.is_empty() {
         stores = SNAPSHOT_STORES.iter().map(|s| (*s).to_owned()).collect();
     }
-    let out = workspace_root().join("target/bench");
+    let out = target_dir().join("bench");
     let mut env: Vec<(&str, String)> = vec![
         (
             "SANDBOX_BENCH_OUT",
@@ -283,7 +471,7 @@ fn bench_snapshot(args: &[String]) -> Result<(), String> {
     let mut cmd = vec![
         "bench",
         "--package",
-        "sandbox-harness",
+        "harness-integration",
         "--features",
         &features,
         "--bench",
@@ -300,13 +488,13 @@ fn bench_snapshot(args: &[String]) -> Result<(), String> {
 /// its own `redis-server` (installed with apt when missing).
 fn bench_replicas() -> Result<(), String> {
     let redis_server = ensure_tool("redis-server", "redis-server")?;
-    let out = workspace_root().join("target/bench");
+    let out = target_dir().join("bench");
     run_env(
         "cargo",
         &[
             "bench",
             "--package",
-            "sandbox-harness",
+            "harness-integration",
             "--features",
             "redis",
             "--bench",
@@ -395,10 +583,9 @@ fn docker_image(
         println!("xtask: {recipe_tag} is cached");
         return Ok(());
     }
-    let dir = std::path::PathBuf::from(format!(
-        "target/xtask-images/{}",
-        name.rsplit('/').next().unwrap_or(name)
-    ));
+    let dir = target_dir()
+        .join("xtask-images")
+        .join(name.rsplit('/').next().unwrap_or(name));
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(|e| format!("clearing {}: {e}", dir.display()))?;
     }
@@ -506,7 +693,6 @@ CMD [\"/usr/local/bin/sandboxd\"]
 /// tagged by the content hash of the build context (binary + Dockerfile) and `:latest`. An
 /// existing tag is reused.
 fn k8s_pod_image() -> Result<(), String> {
-    let root = workspace_root();
     run_env(
         "cargo",
         &[
@@ -519,8 +705,8 @@ fn k8s_pod_image() -> Result<(), String> {
         ],
         &[("RUSTFLAGS", "-C target-feature=+crt-static")],
     )?;
-    let binary = root.join(format!("target/{K8S_POD_TARGET}/release/sandboxd"));
-    let context = root.join("target/xtask-images/k8s-pod");
+    let binary = target_dir().join(format!("{K8S_POD_TARGET}/release/sandboxd"));
+    let context = target_dir().join("xtask-images/k8s-pod");
     if context.exists() {
         std::fs::remove_dir_all(&context)
             .map_err(|e| format!("clearing {}: {e}", context.display()))?;
@@ -568,10 +754,14 @@ fn k8s_pod_image() -> Result<(), String> {
 /// `cargo xtask bench docker`: build the images, then run the benchmark binary (release).
 fn bench_docker() -> Result<(), String> {
     docker_images()?;
+    let out = target_dir().join("bench");
     run_env(
         "cargo",
         &["bench", "-p", "sandbox-docker", "--bench", "docker"],
-        &[("SANDBOX_TEST_DOCKER", "1")],
+        &[
+            ("SANDBOX_TEST_DOCKER", "1"),
+            ("SANDBOX_BENCH_OUT", out.to_str().expect("UTF-8 path")),
+        ],
     )
 }
 

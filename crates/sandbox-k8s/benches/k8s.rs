@@ -153,7 +153,11 @@ async fn main() {
             })
         })
         .collect();
-    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench");
+    let target = std::env::var_os("SANDBOX_BENCH_OUT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench")
+        });
     std::fs::create_dir_all(&target).expect("mkdir");
     let path = target.join("k8s.json");
     std::fs::write(&path, serde_json::to_string_pretty(&out).expect("json")).expect("write");

@@ -1,5 +1,5 @@
 """Fidelity check: the official Daytona Python SDK (pinned in requirements.txt) against the
-Daytona test server (crates/daytona-testserver). Reads DAYTONA_API_URL and DAYTONA_API_KEY
+Daytona test server (testing/daytona-testserver). Reads DAYTONA_API_URL and DAYTONA_API_KEY
 (as the SDK does), prints one line per check and exits non-zero when any fails.
 
 Run by `cargo xtask daytona-fidelity` (and `cargo xtask test`)."""

@@ -2,7 +2,7 @@
 //! `official_sdk.py` writes, reads, lists, deletes and runs commands in sandboxd mode
 //! (REST + gRPC) and in legacy mode. Needs a Python with the SDK installed, named by
 //! `SANDBOXD_TEST_SDK_PYTHON` (`cargo xtask test` sets it to its pinned venv,
-//! `crates/k8s-testcluster/fidelity/requirements.txt`); without it the test is ignored, and run
+//! `testing/k8s-testcluster/fidelity/requirements.txt`); without it the test is ignored, and run
 //! with `--ignored` it fails, never skips.
 
 mod common;
