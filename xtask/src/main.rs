@@ -12,6 +12,8 @@ mod daytona;
 mod e2b;
 mod fidelity;
 mod k8s;
+#[cfg(test)]
+mod tidy;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
