@@ -13,6 +13,8 @@ mod daytona;
 mod e2b;
 mod fidelity;
 mod k8s;
+#[cfg(test)]
+mod tidy;
 mod unprivileged;
 
 fn main() -> ExitCode {
