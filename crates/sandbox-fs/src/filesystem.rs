@@ -200,7 +200,7 @@ pub trait FilesystemExt: Filesystem {
             let mut files = Vec::new();
             let mut truncated = false;
             for (n, info) in walked.into_iter().enumerate() {
-                if n % 1024 == 0 {
+                if n.is_multiple_of(1024) {
                     cancel.check()?;
                 }
                 let rel = text::relative_to(&base, &info.path);

@@ -128,7 +128,7 @@ fn is_crlf(text: &str, cancel: &Cancel) -> Result<bool> {
     let bytes = text.as_bytes();
     let mut any = false;
     for (n, (at, _)) in text.match_indices('\n').enumerate() {
-        if n % 65_536 == 0 {
+        if n.is_multiple_of(65_536) {
             cancel.check()?;
         }
         if at == 0 || bytes[at - 1] != b'\r' {
@@ -164,7 +164,7 @@ fn occurrences(text: &str, old: &str, cap: usize, cancel: &Cancel) -> Result<Occ
             found.capped = true;
             break;
         }
-        if found.count % 4096 == 0 {
+        if found.count.is_multiple_of(4096) {
             cancel.check()?;
         }
         found.first.get_or_insert(at);
@@ -184,7 +184,7 @@ fn replace_all(text: &str, old: &str, new: &str, size: usize, cancel: &Cancel) -
     let mut out = String::with_capacity(size);
     let mut last = 0;
     for (n, (at, _)) in text.match_indices(old).enumerate() {
-        if n % 4096 == 0 {
+        if n.is_multiple_of(4096) {
             cancel.check()?;
         }
         out.push_str(&text[last..at]);
@@ -527,7 +527,7 @@ pub(crate) fn grep_text(
 ) -> Result<(Vec<GrepMatch>, Option<GrepStop>)> {
     let mut matches = Vec::new();
     for (i, line) in lines(text).enumerate() {
-        if i % 256 == 0 {
+        if i.is_multiple_of(256) {
             cancel.check()?;
             if i > 0 && std::time::Instant::now() >= deadline {
                 return Ok((matches, Some(GrepStop::Deadline)));

@@ -1064,7 +1064,7 @@ impl LocalFs {
                 .into_iter()
                 .enumerate()
             {
-                if n % 256 == 0 {
+                if n.is_multiple_of(256) {
                     cancel.check()?;
                 }
                 let Some(name) = entry.name.to_str() else {
@@ -1200,7 +1200,7 @@ impl LocalFs {
             let dir_is_ws = dir_id(&dir).is_some_and(|id| Some(id) == ws_id);
             for entry in entries {
                 seen += 1;
-                if seen % 256 == 0 {
+                if seen.is_multiple_of(256) {
                     cancel.check()?;
                 }
                 let Some(name) = entry.name.to_str() else {
