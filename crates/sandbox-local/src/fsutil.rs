@@ -115,13 +115,23 @@ pub(crate) fn check_owner(box_dir: &Path, key: Option<&str>) -> Result<()> {
     }
 }
 
-/// Create the box directory and its owner marker if missing, after checking ownership.
+/// Create the box directory and its owner marker if missing, after checking ownership. A box
+/// that already has its marker costs no `mkdir`. Nothing here is fsynced: a box directory
+/// holds the live workspace, which a crash may lose anyway (the snapshot is what is durable),
+/// and an empty one without its marker counts as free.
 pub(crate) fn ensure_box(box_dir: &Path, key: Option<&str>) -> Result<()> {
     check_owner(box_dir, key)?;
-    fs::create_dir_all(box_dir).map_err(|e| Error::io(box_dir, e))?;
     let marker_path = box_dir.join(MARKER);
     if fs::symlink_metadata(&marker_path).is_ok() {
         return Ok(());
+    }
+    match fs::create_dir(box_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            fs::create_dir_all(box_dir).map_err(|e| Error::io(box_dir, e))?
+        }
+        Err(e) => return Err(Error::io(box_dir, e)),
     }
     let json = serde_json::to_vec_pretty(&Marker::new(key))
         .map_err(|e| Error::backend(crate::BACKEND, "boot", e.to_string()))?;
