@@ -47,7 +47,7 @@ use crate::{Captured, CapturedOutput, Error, ExecResult, OutputLimits, Result, r
 mod tree;
 
 use tree::{CommandCgroup, JOIN_FAILED_STATUS, Tracking, WRAPPER_SHELL};
-pub use tree::{TREE_KILL_VAR, TreeKill, tree_kill};
+pub use tree::{TREE_KILL_VAR, TreeKill, detect_tree_kill_in_background, tree_kill};
 
 /// `PATH` of a minimal environment ([`minimal_env`]).
 pub const MINIMAL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

@@ -25,8 +25,11 @@ pub struct LocalClient {
 }
 
 impl LocalClient {
-    /// A client with `options`. Nothing is touched on disk until a box is created.
+    /// A client with `options`. Nothing is touched on disk until a box is created; how
+    /// commands are tracked for their tree kill is detected in the background from here, so
+    /// the first call does not wait for that probe.
     pub fn new(options: LocalOptions) -> Self {
+        sandbox_core::host::detect_tree_kill_in_background();
         LocalClient {
             options: Arc::new(options),
             base: Arc::default(),

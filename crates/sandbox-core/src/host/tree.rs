@@ -91,6 +91,26 @@ pub fn tree_kill() -> TreeKill {
     Tracking::global().mode()
 }
 
+/// Start detecting [`tree_kill`] on a background thread, if not done yet, so that the first
+/// command (or a client's first `capabilities`) does not wait for the probe: a backend calls
+/// this when it is constructed, usually well before its first call.
+pub fn detect_tree_kill_in_background() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    if GLOBAL.get().is_some() {
+        return;
+    }
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("sandbox-tree-kill-probe".into())
+            .spawn(|| {
+                Tracking::global();
+            });
+        if let Err(e) = spawned {
+            tracing::debug!(error = %e, "tree-kill detection runs on first use instead");
+        }
+    });
+}
+
 /// The environment variable that pins the mode: `process-group` (no cgroups), or one of the
 /// cgroup modes ([`TreeKill::as_str`]), used only if it works here.
 pub const TREE_KILL_VAR: &str = "SANDBOX_HARNESS_TREE_KILL";
