@@ -32,7 +32,7 @@ fn main() -> ExitCode {
         Some("daytona-fidelity") => daytona::fidelity(),
         Some("help") | None => {
             println!(
-                "usage: cargo xtask <task>\n\ntasks:\n  test [--only GROUP,...]  fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart; --only runs the named groups (lint, tests, local, unprivileged, docker, k8s, e2b, daytona, redis, s3, fidelity, quickstart)\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  s3-test [ARGS]  install s3s-fs if missing and run `cargo test ARGS` with SANDBOX_TEST_S3FS set (e.g. -p snapshot-oss)\n  images        build the Docker test images locally (no registry), cached; also the k8s test pod image (static sandboxd)\n  k8s-up [ARGS]  build the images and run the Kubernetes test cluster in the foreground (prints kubeconfig, API and router URLs)\n  k8s-fidelity  start the k8s test cluster and run the official Python clients (pinned, target/py-venv) against it\n  e2b-fidelity  start the E2B test server and run the official E2B Python SDK (pinned, target/py-venv-e2b) against it\n  daytona-fidelity  start the Daytona test server and run the official Daytona Python SDK (pinned, target/py-venv-daytona) against it\n  bench snapshot [--store local|s3|redis]... [W]  snapshot engine on each store (default all three; servers started here) vs same-run floors (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench k8s     k8s backend on the test cluster vs the Docker backend, same engine -> target/bench/k8s.json\n  bench cloud   E2B and Daytona backends on their test servers vs the Docker backend, same engine -> target/bench/cloud.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench tools   the agent tools (sandbox-fs, local mode) on 64 MiB adversarial inputs vs same-run floors -> target/bench/tools.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json\n  bench local-isolation  exec of `true` in a local box unconfined vs confined, vs a bare spawn and bwrap; box create + first exec; idle box RSS -> target/bench/local-isolation.json\n  unprivileged-test  the confined local backend's escape suite and conformance kit as uid 65534 (also part of `test`)"
+                "usage: cargo xtask <task>\n\ntasks:\n  test [--only GROUP,...]  fmt check, clippy -D warnings, all tests (Docker and Redis ones included), the quickstart; --only runs the named groups (lint, tests, local, unprivileged, docker, k8s, e2b, daytona, redis, s3, fidelity, quickstart)\n  redis-test [ARGS]  start the test Redis and run `cargo test ARGS` against it (e.g. -p guard-redis)\n  s3-test [ARGS]  install s3s-fs if missing and run `cargo test ARGS` with SANDBOX_TEST_S3FS set (e.g. -p snapshot-oss)\n  images        build the Docker test images locally (no registry), cached; also the k8s test pod image (static sandboxd)\n  k8s-up [ARGS]  build the images and run the Kubernetes test cluster in the foreground (prints kubeconfig, API and router URLs)\n  k8s-fidelity  start the k8s test cluster and run the official Python clients (pinned, target/py-venv) against it\n  e2b-fidelity  start the E2B test server and run the official E2B Python SDK (pinned, target/py-venv-e2b) against it\n  daytona-fidelity  start the Daytona test server and run the official Daytona Python SDK (pinned, target/py-venv-daytona) against it\n  bench snapshot [--store local|s3|redis]... [W]  snapshot engine on each store (default all three; servers started here) vs same-run floors (workloads A-E, or those in W) -> target/bench/snapshot.json\n  bench docker  Docker backend benchmark -> target/bench/docker.json\n  bench k8s     k8s backend on the test cluster vs the Docker backend, same engine -> target/bench/k8s.json\n  bench cloud   E2B and Daytona backends on their test servers vs the Docker backend, same engine -> target/bench/cloud.json\n  bench host    host::run of `true` with and without a cgroup per command -> target/bench/host.json\n  bench tools   the agent tools (sandbox-fs, local mode) on 64 MiB adversarial inputs vs same-run floors -> target/bench/tools.json\n  bench local   local backend: empty keyed call vs its durability floor (fsyncs, mkdirs), exec vs bare spawn, files re-hashed -> target/bench/local.json\n  bench replicas  1,000 concurrent calls on 200 keys: RedisGuard + RedisStateStore vs in-process guard + file store -> target/bench/replicas.json\n  bench local-isolation  exec of `true` in a local box unconfined vs confined, vs a bare spawn and bwrap; box create + first exec; idle box RSS -> target/bench/local-isolation.json\n  unprivileged-test  the confined local backend's escape suite and conformance kit as uid 65534 (also part of `test`)"
             );
             Ok(())
         }
@@ -335,14 +335,22 @@ fn bench(args: &[String]) -> Result<(), String> {
                 &[("SANDBOX_BENCH_OUT", out.to_str().expect("UTF-8 path"))],
             )
         }
+        Some("local") => {
+            let out = target_dir().join("bench");
+            run_env(
+                "cargo",
+                &["bench", "--package", "sandbox-local", "--bench", "local"],
+                &[("SANDBOX_BENCH_OUT", out.to_str().expect("UTF-8 path"))],
+            )
+        }
         other => Err(format!(
-            "unknown benchmark {other:?} (have: snapshot, docker, k8s, cloud, host, tools, replicas, local-isolation)"
+            "unknown benchmark {other:?} (have: snapshot, docker, k8s, cloud, host, local, tools, replicas, local-isolation)"
         )),
     }
 }
 
 /// `cargo xtask bench local-isolation`: the local backend confined vs unconfined, against a bare spawn
-/// and bubblewrap in the same run (`crates/sandbox-local/benches/local.rs`; bubblewrap is
+/// and bubblewrap in the same run (`crates/sandbox-local/benches/isolation.rs`; bubblewrap is
 /// installed with apt when missing, and its row skipped if that fails).
 /// Writes `target/bench/local-isolation.json`.
 fn bench_local_isolation() -> Result<(), String> {

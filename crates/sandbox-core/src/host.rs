@@ -50,7 +50,7 @@ use crate::{
 mod tree;
 
 use tree::{CommandCgroup, JOIN_FAILED_STATUS, Tracking, WRAPPER_SHELL};
-pub use tree::{TREE_KILL_VAR, TreeKill, tree_kill};
+pub use tree::{TREE_KILL_VAR, TreeKill, detect_tree_kill_in_background, tree_kill};
 
 /// `PATH` of a minimal environment ([`minimal_env`]).
 pub const MINIMAL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -253,7 +253,12 @@ async fn run_tracked(
     }
     check_env(&command.env)?;
     let cgroup = tracking
-        .start(&command.argv[0], &command.env, command.inherit_env)
+        .start_for(
+            &command.argv,
+            &command.cwd,
+            &command.env,
+            command.inherit_env,
+        )
         .map_err(|e| Error::Backend {
             backend,
             operation: "exec",
@@ -289,7 +294,11 @@ async fn spawn_and_collect(
     } = command;
     let counted = counted_by.as_ref().map(Inflight::enter);
     let wrapper = cgroup.as_ref().filter(|cg| cg.by_wrapper());
-    let join_failed_check = wrapper.map(CommandCgroup::join_failed_line);
+    let bash_env = cgroup.as_ref().and_then(CommandCgroup::bash_env);
+    let join_failed_check = cgroup
+        .as_ref()
+        .filter(|cg| cg.joins_itself())
+        .map(CommandCgroup::join_failed_line);
     let cannot_start = |e: io::Error| Error::Backend {
         backend,
         operation: "exec",
@@ -297,6 +306,9 @@ async fn spawn_and_collect(
         source: Some(Box::new(e)),
     };
     let mut cmd = process(&argv, &cwd, &env, inherit_env, wrapper).map_err(cannot_start)?;
+    if let Some(vars) = bash_env {
+        cmd.envs(vars);
+    }
     cmd.stdin(if stdin.is_some() {
         Stdio::piped()
     } else {
@@ -563,7 +575,7 @@ impl Reaper {
     /// since until then a fork would escape. (Not reaped yet, the pid is still its own.)
     fn join_from_outside(&self, pid: Option<u32>) -> io::Result<()> {
         match (&self.cgroup, pid) {
-            (Some(cgroup), Some(pid)) if !cgroup.by_wrapper() => cgroup.join(pid),
+            (Some(cgroup), Some(pid)) if !cgroup.joins_itself() => cgroup.join(pid),
             _ => Ok(()),
         }
     }
@@ -1048,6 +1060,100 @@ mod tests {
         })
         .await;
         assert!(survived.is_empty(), "survived {survived:?}");
+    }
+
+    fn bash(line: &str, cwd: &Path) -> HostCommand {
+        HostCommand::new(["bash", "-c", line], cwd).envs(minimal_env(cwd))
+    }
+
+    /// `bash -c` commands (the local backend's default shell) join their cgroup through
+    /// `BASH_ENV`, in their own process: they land in their cgroup, see exactly the
+    /// environment and shell state an untracked bash sees, and nothing they start survives.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bash_commands_join_through_bash_env_exactly_and_nothing_escapes() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = "echo \"[$_] $0 $LINENO $?\"; declare -F; cat /proc/self/cgroup >&2; exec env";
+        let untracked = run_tracked(bash(line, dir.path()), "test", &Tracking::process_group())
+            .await
+            .unwrap();
+        let mut joined_any = false;
+        for tracking in Tracking::available() {
+            let (Some(parent), true) = (tracking.parent(), tracking.joins_bash_itself()) else {
+                continue;
+            };
+            joined_any = true;
+            let what = tracking.describe();
+            let r = run_tracked(bash(line, dir.path()), "test", &tracking)
+                .await
+                .unwrap();
+            assert_eq!(r.exit_code, Some(0), "{what}: {r:?}");
+            let _ = own_cgroup(&r.stderr_str(), parent);
+            assert_eq!(
+                sorted_lines(&r.stdout_str()),
+                sorted_lines(&untracked.stdout_str()),
+                "{what}"
+            );
+            let cwd = dir.path().to_path_buf();
+            for end in [End::Exit, End::Timeout, End::Cancel] {
+                let survived = survivors(dir.path(), end, |script, timeout| {
+                    run_tracked(bash(&script, &cwd).timeout(timeout), "test", &tracking)
+                })
+                .await;
+                assert!(
+                    survived.is_empty(),
+                    "{what}: {end:?}: survived {survived:?}"
+                );
+            }
+        }
+        if tree_kill().kills_escaped() {
+            assert!(
+                joined_any,
+                "cgroups here, but no tracking joins bash itself"
+            );
+        }
+    }
+
+    #[test]
+    fn bash_env_is_used_only_when_bash_reads_it_as_probed() {
+        let Some(tracking) = Tracking::available()
+            .into_iter()
+            .find(|t| t.joins_bash_itself())
+        else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let uses = |argv: &[&str], vars: &[(&str, &str)]| {
+            let argv: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
+            let env: BTreeMap<OsString, OsString> = vars
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect();
+            let cg = tracking
+                .start_for(&argv, dir.path(), &env, false)
+                .unwrap()
+                .unwrap();
+            cg.bash_env().is_some()
+        };
+        let path = ("PATH", MINIMAL_PATH);
+        assert!(uses(&["bash", "-c", "true"], &[path]));
+        assert!(uses(&["bash", "-c", "true", "name", "arg"], &[path]));
+        // Not bash -c, not the probed bash, or an environment that changes how bash starts.
+        assert!(!uses(&["bash", "-lc", "true"], &[path]));
+        assert!(!uses(&["bash", "script.sh"], &[path]));
+        assert!(!uses(&["sh", "-c", "true"], &[path]));
+        assert!(!uses(&["bash", "-c", "true"], &[("PATH", "/nonexistent")]));
+        assert!(!uses(&["bash", "-c", "true"], &[]));
+        for blocker in [
+            "BASH_ENV",
+            "SHELLOPTS",
+            "POSIXLY_CORRECT",
+            "SANDBOX_HARNESS_CGROUP",
+        ] {
+            assert!(
+                !uses(&["bash", "-c", "true"], &[path, (blocker, "x")]),
+                "{blocker}"
+            );
+        }
     }
 
     #[test]

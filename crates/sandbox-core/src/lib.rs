@@ -3,6 +3,7 @@
 pub mod archive;
 mod backend;
 pub mod beneath;
+mod durable;
 mod error;
 mod exec;
 mod guard;

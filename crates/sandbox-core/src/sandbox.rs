@@ -133,8 +133,11 @@ pub struct StopReport {
     pub snapshot: Option<SnapshotRef>,
     /// Nothing changed since the last snapshot: nothing was written.
     pub unchanged: bool,
-    /// Files read and hashed.
+    /// Files read and hashed (each counted once).
     pub files_hashed: u64,
+    /// Of those, files modified within a clock tick of the listing, read once more after
+    /// the tick so that the next stop can trust their metadata ([`crate::snapshot::take`]).
+    pub files_settled: u64,
     /// Bytes written to the snapshot store.
     pub bytes_written: u64,
     /// Wall time.
@@ -408,6 +411,7 @@ impl Sandbox {
                 snapshot: None,
                 unchanged: false,
                 files_hashed: 0,
+                files_settled: 0,
                 bytes_written: 0,
                 duration: Duration::ZERO,
             };
@@ -443,6 +447,7 @@ impl Sandbox {
                     Some((outcome.snapshot.clone(), outcome.manifest.clone()));
                 report.unchanged = outcome.unchanged;
                 report.files_hashed = outcome.files_hashed;
+                report.files_settled = outcome.files_settled;
                 report.bytes_written = outcome.bytes_written;
                 report.snapshot = Some(outcome.snapshot);
             }

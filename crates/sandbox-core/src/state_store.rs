@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -149,7 +148,9 @@ impl StateStore for MemoryStateStore {
 }
 
 /// State as one JSON file per key under a directory, written atomically (temporary file,
-/// fsync, rename) under an exclusive `flock`, so several processes on one host can share it.
+/// rename) under an exclusive `flock`, so several processes on one host can share it. A save
+/// is durable when it returns (file and directory fsynced); a save of the state already
+/// stored writes nothing; a fence registration fsyncs only over a slot holding a state.
 #[derive(Debug, Clone)]
 pub struct FileStateStore {
     dir: PathBuf,
@@ -181,8 +182,12 @@ impl FileStateStore {
     }
 }
 
+/// The slot at `path`. An empty file is an empty slot: only a write that was not fsynced can
+/// leave one after a crash, and such writes are only made over slots holding no state (see
+/// [`FileStateStore::fence`]).
 fn read_slot(path: &Path) -> Result<Slot> {
     match std::fs::read(path) {
+        Ok(bytes) if bytes.is_empty() => Ok(Slot::default()),
         Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| Error::MalformedState {
             reason: format!("state file {}: {e}", path.display()),
         }),
@@ -191,33 +196,27 @@ fn read_slot(path: &Path) -> Result<Slot> {
     }
 }
 
+/// Run `f` under the key's exclusive `flock`. The key's directory is created (durably: a saved
+/// state must be found after a crash) only when the lock file cannot be opened for its absence.
 fn with_lock<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let parent = path.parent().expect("state paths have a parent");
-    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     let lock_path = path.with_extension("json.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| Error::io(&lock_path, e))?;
+    let file = crate::durable::in_dir(parent, true, || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+    })
+    .map_err(|e| Error::io(&lock_path, e))?;
     let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| Error::io(&lock_path, e.into()))?;
     f()
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let parent = path.parent().expect("state paths have a parent");
-    let mut tmp = tempfile::NamedTempFile::new_in(parent).map_err(|e| Error::io(parent, e))?;
-    tmp.write_all(bytes).map_err(|e| Error::io(tmp.path(), e))?;
-    tmp.as_file()
-        .sync_all()
-        .map_err(|e| Error::io(tmp.path(), e))?;
-    tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
-    if let Ok(dir) = std::fs::File::open(parent) {
-        let _ = dir.sync_all();
-    }
-    Ok(())
+fn write_slot(path: &Path, slot: &Slot, sync: crate::durable::Sync) -> Result<()> {
+    let bytes = serde_json::to_vec(slot).expect("slot serializes");
+    crate::durable::replace(path, &bytes, sync).map_err(|e| Error::io(path, e))
 }
 
 #[async_trait]
@@ -232,7 +231,15 @@ impl StateStore for FileStateStore {
             with_lock(path, || {
                 let mut slot = read_slot(path)?;
                 let token = slot.register(key, granted)?;
-                write_atomic(path, &serde_json::to_vec(&slot).expect("slot serializes"))?;
+                // The fence only matters while its holder lives (a crash ends every holder of
+                // this host, and the next token exceeds it anyway), so its rename need not be
+                // durable. But over a slot holding a state the data is fsynced first: the
+                // rename must never put an empty file in place of a saved state.
+                let sync = match slot.state {
+                    Some(_) => crate::durable::Sync::File,
+                    None => crate::durable::Sync::Nothing,
+                };
+                write_slot(path, &slot, sync)?;
                 Ok(token)
             })
         })
@@ -245,8 +252,13 @@ impl StateStore for FileStateStore {
             with_lock(path, || {
                 let mut slot = read_slot(path)?;
                 slot.check(key, fence)?;
+                if slot.state.as_deref() == Some(state_json.as_str()) {
+                    // Already there, and durable: the write that put it there was fsynced
+                    // (file and directory), and a later fence write kept it, fsynced too.
+                    return Ok(());
+                }
                 slot.state = Some(state_json);
-                write_atomic(path, &serde_json::to_vec(&slot).expect("slot serializes"))
+                write_slot(path, &slot, crate::durable::Sync::FileAndDir)
             })
         })
         .await
@@ -261,7 +273,7 @@ impl StateStore for FileStateStore {
                 let mut slot = read_slot(path)?;
                 slot.check(key, fence)?;
                 slot.state = None;
-                write_atomic(path, &serde_json::to_vec(&slot).expect("slot serializes"))
+                write_slot(path, &slot, crate::durable::Sync::FileAndDir)
             })
         })
         .await
@@ -351,6 +363,43 @@ mod tests {
             .map(|_| Arc::new(FileStateStore::new(dir.path())) as Arc<dyn StateStore>)
             .collect();
         states::concurrent_registrations(&instances).await;
+    }
+
+    /// A save of the state already stored writes nothing (the file keeps its inode: a write
+    /// would rename a new file over it), and a changed one is written.
+    #[tokio::test]
+    async fn file_store_skips_saving_an_unchanged_state() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path());
+        let k = key("dave");
+        let token = store.fence(&k, Some(7)).await.unwrap();
+        store.save(&k, "{\"a\":1}", Some(token)).await.unwrap();
+        let inode = || std::fs::metadata(store.path_of(&k)).unwrap().ino();
+        let before = inode();
+        store.save(&k, "{\"a\":1}", Some(token)).await.unwrap();
+        assert_eq!(inode(), before, "an unchanged state was written again");
+        // Still fenced: a stale holder is refused even when its state is the stored one.
+        assert!(matches!(
+            store.save(&k, "{\"a\":1}", Some(6)).await,
+            Err(Error::StaleLease { .. })
+        ));
+        store.save(&k, "{\"a\":2}", Some(token)).await.unwrap();
+        assert_ne!(inode(), before);
+        assert_eq!(store.load(&k).await.unwrap().as_deref(), Some("{\"a\":2}"));
+    }
+
+    /// Fence writes over a slot without a state are not fsynced, so a crash may leave the file
+    /// empty: that is an empty slot, not damage.
+    #[tokio::test]
+    async fn file_store_reads_an_empty_file_as_an_empty_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path());
+        let k = key("erin");
+        store.fence(&k, Some(3)).await.unwrap();
+        std::fs::write(store.path_of(&k), "").unwrap();
+        assert_eq!(store.load(&k).await.unwrap(), None);
+        assert_eq!(store.fence(&k, Some(4)).await.unwrap(), 4);
     }
 
     #[tokio::test]

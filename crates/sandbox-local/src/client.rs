@@ -21,13 +21,19 @@ use crate::state::LocalState;
 #[derive(Debug, Clone)]
 pub struct LocalClient {
     options: Arc<LocalOptions>,
+    /// The canonical base directory, once made.
+    base: Arc<std::sync::OnceLock<PathBuf>>,
 }
 
 impl LocalClient {
-    /// A client with `options`. Nothing is touched on disk until a box is created.
+    /// A client with `options`. Nothing is touched on disk until a box is created; how
+    /// commands are tracked for their tree kill is detected in the background from here, so
+    /// the first call does not wait for that probe.
     pub fn new(options: LocalOptions) -> Self {
+        sandbox_core::host::detect_tree_kill_in_background();
         LocalClient {
             options: Arc::new(options),
+            base: Arc::default(),
         }
     }
 
@@ -54,10 +60,15 @@ impl LocalClient {
     }
 
     /// The base directory, created if missing, as a canonical path (so workspace roots are
-    /// canonical and path checks compare like with like).
+    /// canonical and path checks compare like with like). Made and resolved on first use only:
+    /// a box directory is created with its missing parents, so a base removed later comes
+    /// back with the next box.
     async fn base_dir(&self) -> Result<PathBuf> {
+        if let Some(base) = self.base.get() {
+            return Ok(base.clone());
+        }
         let base = self.options.base_dir.clone();
-        tokio::task::spawn_blocking(move || {
+        let canonical = tokio::task::spawn_blocking(move || {
             std::fs::create_dir_all(&base).map_err(|e| Error::io(&base, e))?;
             let canonical = std::fs::canonicalize(&base).map_err(|e| Error::io(&base, e))?;
             if canonical.to_str().is_none() {
@@ -69,7 +80,8 @@ impl LocalClient {
             Ok(canonical)
         })
         .await
-        .map_err(|e| Error::backend(BACKEND, "create", e.to_string()))?
+        .map_err(|e| Error::backend(BACKEND, "create", e.to_string()))??;
+        Ok(self.base.get_or_init(|| canonical).clone())
     }
 
     fn open(

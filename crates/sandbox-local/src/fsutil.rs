@@ -138,12 +138,15 @@ pub(crate) fn check_owner(box_dir: &Path, key: Option<&str>) -> Result<()> {
     }
 }
 
-/// Create the box directory and its owner marker if missing, after checking ownership.
+/// Create the box directory and its owner marker if missing, after checking ownership. A box
+/// that already has its marker costs no `mkdir`.
 ///
 /// The directory is made as `.creating-<uuid>` beside it, given its marker, and renamed into
 /// place (over an empty directory a crash of older code may have left): a process killed at
 /// any point leaves either no box or a whole one with its marker, and at worst a
-/// `.creating-*` directory that [`sweep_leftovers`] removes.
+/// `.creating-*` directory that [`sweep_leftovers`] removes. Nothing here is fsynced: a box
+/// directory holds the live workspace, which a crash may lose anyway (the snapshot is what is
+/// durable).
 pub(crate) fn ensure_box(box_dir: &Path, key: Option<&str>) -> Result<()> {
     check_owner(box_dir, key)?;
     let marker_path = box_dir.join(MARKER);
@@ -151,12 +154,19 @@ pub(crate) fn ensure_box(box_dir: &Path, key: Option<&str>) -> Result<()> {
         return Ok(());
     }
     let base = box_dir.parent().expect("a box directory has a parent");
-    fs::create_dir_all(base).map_err(|e| Error::io(base, e))?;
     let creating = base.join(format!(
         "{CREATING_PREFIX}{}",
         uuid::Uuid::new_v4().simple()
     ));
-    fs::create_dir(&creating).map_err(|e| Error::io(&creating, e))?;
+    match fs::create_dir(&creating) {
+        Ok(()) => {}
+        // The base directory itself is missing (the first box): made once, then retried.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            fs::create_dir_all(base).map_err(|e| Error::io(base, e))?;
+            fs::create_dir(&creating).map_err(|e| Error::io(&creating, e))?;
+        }
+        Err(e) => return Err(Error::io(&creating, e)),
+    }
     let json = serde_json::to_vec_pretty(&Marker::new(key))
         .map_err(|e| Error::backend(crate::BACKEND, "boot", e.to_string()))?;
     let placed = fs::write(creating.join(MARKER), json)

@@ -380,3 +380,51 @@ async fn probe_reports_the_achieved_isolation() {
             .unwrap();
     assert!(none.is_none());
 }
+
+/// The stop after a one-file change reads one file, also right after files were written in
+/// the previous stop's clock tick (core's kit scenario, on this backend's nanosecond mtimes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_file_change_rehashes_one_file() {
+    let fx = sandbox_local::testkit::LocalFixture::new();
+    sandbox_core::testkit::one_change_rehashes_one_file(&fx).await;
+}
+
+/// Files written in the very tick of a stop's listing are settled by that stop, so the next
+/// stop after a one-file change reads that file only (without settling it read all 21).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_written_in_the_listing_tick_are_settled_and_not_read_again() {
+    let base = tempfile::tempdir().unwrap();
+    let client = client(base.path(), Persistence::Keep);
+    let store = tempfile::tempdir().unwrap();
+    let config = SandboxConfig::new(WorkspaceSpec::default())
+        .snapshots(SnapshotSpec::local_dir(store.path()));
+    let sandbox = sandbox_core::Sandbox::create(&client, config, Some(&key("settle")))
+        .await
+        .unwrap();
+    sandbox.start().await.unwrap();
+    let root = Path::new(sandbox.handle().workspace_root()).to_path_buf();
+    let write_all = |tag: &str| {
+        for i in 0..20 {
+            fs::write(root.join(format!("f{i:02}")), format!("{tag}-{i:02}\n")).unwrap();
+        }
+    };
+    write_all("one");
+    // Microseconds after the writes: every file is racy against this listing.
+    let first = sandbox.stop().await.unwrap();
+    assert_eq!(
+        (first.files_hashed, first.files_settled),
+        (20, 20),
+        "{first:?}"
+    );
+    fs::write(root.join("f07"), "ONE-07\n").unwrap();
+    let second = sandbox.stop().await.unwrap();
+    assert!(!second.unchanged, "{second:?}");
+    assert_eq!(second.files_hashed, 1, "{second:?}");
+    // A file rewritten between the settling stop's two reads is still caught.
+    write_all("two");
+    let third = sandbox.stop().await.unwrap();
+    assert_eq!(third.files_hashed, 20, "{third:?}");
+    let fourth = sandbox.stop().await.unwrap();
+    assert!(fourth.unchanged && fourth.files_hashed == 0, "{fourth:?}");
+    sandbox.destroy().await.unwrap();
+}

@@ -13,7 +13,6 @@
 //! above any counter a state store issued on its own before this guard was used.
 
 use std::fmt;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -355,18 +354,26 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// Read the record at `path`, let `f` change it, and write it back if `f` returns `Some` —
-/// all under the key's `flock`. The write is not fsynced: after a crash a token may be
-/// forgotten, but the next one is seeded from the clock and still exceeds it.
+/// all under the key's `flock`.
+///
+/// The write is not fsynced: a record only matters while its holder's process lives, and a
+/// crash that could lose the write (power loss, kernel panic) ends every holder of this host.
+/// After such a crash the record may be the previous one, or empty (renamed before its data
+/// reached the disk): an empty or unreadable record counts as free, and the next token, seeded
+/// from the clock, still exceeds every token granted before (the fence the state store keeps
+/// durably is what stops a stale holder). The directory is created only when the lock file
+/// cannot be opened for its absence, so a call costs no `mkdir`.
 fn update<T>(path: &Path, f: impl FnOnce(&mut Record) -> Option<T>) -> Result<Option<T>> {
     let parent = path.parent().expect("lease paths have a parent");
-    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     let lock_path = path.with_extension("lease.lock");
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| Error::io(&lock_path, e))?;
+    let mut file = crate::durable::in_dir(parent, false, || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+    })
+    .map_err(|e| Error::io(&lock_path, e))?;
     let started = Instant::now();
     let _lock = loop {
         match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
@@ -385,21 +392,18 @@ fn update<T>(path: &Path, f: impl FnOnce(&mut Record) -> Option<T>) -> Result<Op
         }
     };
     let mut rec = match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| Error::MalformedState {
-            reason: format!("lease record {}: {e}", path.display()),
-        })?,
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            tracing::warn!(path = %path.display(), error = %e, "unreadable lease record (left by a crash): counted as free");
+            Record::default()
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Record::default(),
         Err(e) => return Err(Error::io(path, e)),
     };
     let out = f(&mut rec);
     if out.is_some() {
-        let mut tmp = tempfile::NamedTempFile::new_in(parent).map_err(|e| Error::io(parent, e))?;
-        tmp.write_all(&serde_json::to_vec(&rec).expect("record serializes"))
-            .map_err(|e| Error::io(tmp.path(), e))?;
-        tmp.as_file()
-            .sync_all()
-            .map_err(|e| Error::io(tmp.path(), e))?;
-        tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+        let bytes = serde_json::to_vec(&rec).expect("record serializes");
+        crate::durable::replace(path, &bytes, crate::durable::Sync::Nothing)
+            .map_err(|e| Error::io(path, e))?;
     }
     Ok(out)
 }
@@ -477,6 +481,28 @@ mod tests {
         assert!(matches!(err, Error::Timeout { .. }), "{err}");
         holder.release().await.unwrap();
         waiter.enter(&key).await.unwrap();
+    }
+
+    /// Records are not fsynced, so a crash may leave one empty (renamed before its data was
+    /// written) or garbled: it counts as free, and the next token still exceeds the old ones.
+    #[tokio::test]
+    async fn a_record_left_empty_by_a_crash_counts_as_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = guards::key("crashed");
+        let g = FileGuard::new(dir.path());
+        let first = g.enter(&key).await.unwrap();
+        let t1 = first.token().unwrap();
+        drop(first); // its process "crashed": the lease is not released
+        let record = g.record_path(&key);
+        for damage in [&b""[..], b"{\"owner\":\"ab"] {
+            std::fs::write(&record, damage).unwrap();
+            let next = tokio::time::timeout(Duration::from_secs(5), g.enter(&key))
+                .await
+                .expect("a damaged record does not hold the key")
+                .unwrap();
+            assert!(next.token().unwrap() > t1);
+            next.release().await.unwrap();
+        }
     }
 
     #[tokio::test]

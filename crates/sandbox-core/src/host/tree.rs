@@ -29,10 +29,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, Write as _};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, PidfdFlags, Signal, kill_process, pidfd_open, pidfd_send_signal};
@@ -91,6 +91,26 @@ pub fn tree_kill() -> TreeKill {
     Tracking::global().mode()
 }
 
+/// Start detecting [`tree_kill`] on a background thread, if not done yet, so that the first
+/// command (or a client's first `capabilities`) does not wait for the probe: a backend calls
+/// this when it is constructed, usually well before its first call.
+pub fn detect_tree_kill_in_background() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    if GLOBAL.get().is_some() {
+        return;
+    }
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("sandbox-tree-kill-probe".into())
+            .spawn(|| {
+                Tracking::global();
+            });
+        if let Err(e) = spawned {
+            tracing::debug!(error = %e, "tree-kill detection runs on first use instead");
+        }
+    });
+}
+
 /// The environment variable that pins the mode: `process-group` (no cgroups), or one of the
 /// cgroup modes ([`TreeKill::as_str`]), used only if it works here.
 pub const TREE_KILL_VAR: &str = "SANDBOX_HARNESS_TREE_KILL";
@@ -138,6 +158,27 @@ exec "$@""#
 /// The wrapper's list of saved variables; each copy is this, `_` and the name. Every name the
 /// wrapper uses starts with it, and commands with such a name are not wrapped.
 const SAVED: &str = "SANDBOX_HARNESS_SAVED";
+
+/// The startup file (`BASH_ENV`) that moves a `bash -c` command into its cgroup before bash
+/// runs a word of the command, in the command's own process: no wrapper, no extra `exec`.
+/// bash reads it when it starts non-interactively; it writes `0` to the cgroup named in
+/// [`CGROUP_VAR`], then removes both variables and itself, and leaves `$_` as bash set it (the
+/// last argument of the function call is the value `$_` had), so the command sees the shell
+/// it would have seen without it.
+const BASH_JOIN: &str = concat!(
+    "__sandbox_harness_join() { echo 0 > \"$SANDBOX_HARNESS_CGROUP/cgroup.procs\" || { echo \"",
+    join_failed!(),
+    " $SANDBOX_HARNESS_CGROUP\" >&2; exit 125; }; unset BASH_ENV SANDBOX_HARNESS_CGROUP; \
+     unset -f __sandbox_harness_join; : \"$1\"; }; __sandbox_harness_join \"$_\"\n"
+);
+
+/// The variable naming the cgroup directory for [`BASH_JOIN`].
+const CGROUP_VAR: &str = "SANDBOX_HARNESS_CGROUP";
+
+/// Variables that make bash skip `BASH_ENV` or change how it reads it (POSIX mode, options
+/// set from the environment), or that are [`BASH_JOIN`]'s own: a command with one of them
+/// goes through the `/bin/sh` wrapper instead.
+const BASH_ENV_BLOCKERS: &[&str] = &["BASH_ENV", CGROUP_VAR, "SHELLOPTS", "POSIXLY_CORRECT"];
 
 /// Names a POSIX shell sets, resets or drops on its own (dash, bash, busybox ash): the
 /// wrapper gets saved copies of them.
@@ -226,6 +267,20 @@ pub(crate) struct Tracking {
     /// Whether `/bin/sh` passes an environment of identifier names on exactly (its own
     /// variables restored from the saved copies), so that the wrapper may be used.
     wrapper_exact: bool,
+    /// `bash -c` commands join through [`BASH_JOIN`] (proven by a probe).
+    bash: Option<BashJoin>,
+}
+
+/// A proven [`BASH_JOIN`]: the bash it works with and where bash reads the file.
+#[derive(Clone, Debug)]
+struct BashJoin {
+    /// Device and inode of the bash binary the probe ran: only that program is trusted to
+    /// read the file.
+    program: (u64, u64),
+    /// `/proc/<pid>/fd/<n>` of a sealed memfd holding [`BASH_JOIN`]: nothing on disk to leave
+    /// behind or to tamper with, gone with this process.
+    script: PathBuf,
+    _memfd: Arc<OwnedFd>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -257,6 +312,7 @@ impl Tracking {
         Tracking {
             site: None,
             wrapper_exact: false,
+            bash: None,
         }
     }
 
@@ -303,9 +359,17 @@ impl Tracking {
                              cgroup from outside, right after they start"
                         );
                     }
+                    let bash = match probe_bash(&site) {
+                        Ok(bash) => Some(bash),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "bash -c commands join through the /bin/sh wrapper");
+                            None
+                        }
+                    };
                     return Tracking {
                         site: Some(site),
                         wrapper_exact,
+                        bash,
                     };
                 }
                 Err(e) => tracing::debug!(
@@ -334,9 +398,11 @@ impl Tracking {
                 .iter()
                 .any(|t| t.site.as_ref().is_some_and(|s| s.method == site.method));
             if !known && let Ok(wrapper_exact) = probe(&site) {
+                let bash = probe_bash(&site).ok();
                 out.push(Tracking {
                     site: Some(site),
                     wrapper_exact,
+                    bash,
                 });
             }
         }
@@ -371,6 +437,40 @@ impl Tracking {
         Tracking {
             site: self.site.clone(),
             wrapper_exact: false,
+            bash: None,
+        }
+    }
+
+    /// Whether `bash -c` commands join through `BASH_ENV` (tests).
+    #[cfg(test)]
+    pub(crate) fn joins_bash_itself(&self) -> bool {
+        self.bash.is_some()
+    }
+
+    /// A cgroup for the command `argv` run in `cwd` with the complete environment `env` (this
+    /// process's under it when `inherit_env`), or `None` when tracking by process group only.
+    /// A `bash -c` command of the proven bash joins through `BASH_ENV`; any other as
+    /// [`start`](Self::start) decides.
+    pub(crate) fn start_for(
+        &self,
+        argv: &[String],
+        cwd: &Path,
+        env: &BTreeMap<OsString, OsString>,
+        inherit_env: bool,
+    ) -> io::Result<Option<CommandCgroup>> {
+        if let (Some(site), Some(bash)) = (&self.site, &self.bash)
+            && bash_carries(bash, argv, cwd, env, inherit_env)
+        {
+            return Cgroup::create(site).map(|cg| {
+                Some(CommandCgroup {
+                    cgroup: Some(cg),
+                    join: Join::BashEnv(bash.script.clone()),
+                })
+            });
+        }
+        match argv.first() {
+            Some(program) => self.start(program, env, inherit_env),
+            None => Ok(None),
         }
     }
 
@@ -385,11 +485,14 @@ impl Tracking {
         let Some(site) = &self.site else {
             return Ok(None);
         };
-        let by_wrapper = self.wrapper_exact && wrapper_carries(program, env, inherit_env);
+        let join = match self.wrapper_exact && wrapper_carries(program, env, inherit_env) {
+            true => Join::Wrapper,
+            false => Join::Outside,
+        };
         Cgroup::create(site).map(|cg| {
             Some(CommandCgroup {
                 cgroup: Some(cg),
-                by_wrapper,
+                join,
             })
         })
     }
@@ -412,6 +515,119 @@ fn wrapper_carries(program: &str, env: &BTreeMap<OsString, OsString>, inherit_en
     env.keys().all(|k| carried(k))
         && (!inherit_env || inherited().all(|k| carried(&k)))
         && (program.contains('/') || has_path)
+}
+
+/// Whether `argv` is `bash -c …` of the proven bash, with an environment under which bash
+/// reads `BASH_ENV` as the probe saw it.
+fn bash_carries(
+    bash: &BashJoin,
+    argv: &[String],
+    cwd: &Path,
+    env: &BTreeMap<OsString, OsString>,
+    inherit_env: bool,
+) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    if argv.len() < 3
+        || argv[1] != "-c"
+        || Path::new(&argv[0]).file_name() != Some(OsStr::new("bash"))
+    {
+        return false;
+    }
+    let blocked = |name: &&str| {
+        env.contains_key(OsStr::new(name)) || (inherit_env && std::env::var_os(name).is_some())
+    };
+    if BASH_ENV_BLOCKERS.iter().any(blocked) {
+        return false;
+    }
+    let path = match env.get(OsStr::new("PATH")) {
+        Some(path) => Some(path.clone()),
+        None if inherit_env => std::env::var_os("PATH"),
+        None => None,
+    };
+    let found = if argv[0].contains('/') {
+        Some(cwd.join(&argv[0]))
+    } else {
+        path.and_then(|path| {
+            path.as_bytes()
+                .split(|b| *b == b':')
+                .map(|dir| cwd.join(OsStr::from_bytes(dir)).join(&argv[0]))
+                .find(|candidate| candidate.is_file())
+        })
+    };
+    found
+        .and_then(|p| fs::metadata(p).ok())
+        .is_some_and(|m| (m.dev(), m.ino()) == bash.program)
+}
+
+/// Prove [`BASH_JOIN`] on `site`: the `bash` of the minimal `PATH` reads it from a sealed
+/// memfd through `/proc`, lands in a fresh cgroup before its command runs, and passes an
+/// environment without the join's variables.
+fn probe_bash(site: &Site) -> io::Result<BashJoin> {
+    use std::os::unix::fs::MetadataExt as _;
+    let program = super::MINIMAL_PATH
+        .split(':')
+        .map(|dir| Path::new(dir).join("bash"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no bash"))?;
+    let meta = fs::metadata(&program)?;
+    let memfd = rustix::fs::memfd_create(
+        "sandbox-harness-join",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )?;
+    let mut file = fs::File::from(memfd);
+    file.write_all(BASH_JOIN.as_bytes())?;
+    let memfd = OwnedFd::from(file);
+    rustix::fs::fcntl_add_seals(
+        &memfd,
+        rustix::fs::SealFlags::WRITE
+            | rustix::fs::SealFlags::SHRINK
+            | rustix::fs::SealFlags::GROW
+            | rustix::fs::SealFlags::SEAL,
+    )?;
+    let script = PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        memfd.as_raw_fd()
+    ));
+    let mut cg = Cgroup::create(site)?;
+    let result = (|| {
+        let output = std::process::Command::new(&program)
+            .arg("-c")
+            .arg("while read -r p; do [ \"$p\" = \"$$\" ] && echo joined; done < \"$0/cgroup.procs\"; exec env")
+            .arg(&cg.dir)
+            .env_clear()
+            .env("PATH", super::MINIMAL_PATH)
+            .env("SANDBOX_HARNESS_CANARY", "a b")
+            .env("BASH_ENV", &script)
+            .env(CGROUP_VAR, &cg.dir)
+            .current_dir("/")
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let mut lines = stdout.lines();
+        let joined = lines.next() == Some("joined");
+        let rest: Vec<&str> = lines.collect();
+        let clean = rest.contains(&"SANDBOX_HARNESS_CANARY=a b")
+            && !rest
+                .iter()
+                .any(|l| l.starts_with("BASH_ENV=") || l.starts_with(CGROUP_VAR));
+        match (output.status.success(), joined, clean) {
+            (true, true, true) => Ok(()),
+            _ => Err(io::Error::other(format!(
+                "bash did not join through BASH_ENV or leaked its variables: {stdout:?}"
+            ))),
+        }
+    })();
+    cg.strike();
+    if !cg.finish_blocking(Duration::from_secs(1)) {
+        tracing::warn!(cgroup = %cg.dir.display(), "probe cgroup not removed");
+    }
+    result.map(|()| BashJoin {
+        program: (meta.dev(), meta.ino()),
+        script,
+        _memfd: Arc::new(memfd),
+    })
 }
 
 /// The saved copies of the shell's own variables for the wrapper to restore: for each of
@@ -725,8 +941,18 @@ fn release_parent(parent: &Path) {
 #[derive(Debug)]
 pub(crate) struct CommandCgroup {
     cgroup: Option<Cgroup>,
-    /// Joined by the wrapper (else from outside, after the start).
-    by_wrapper: bool,
+    join: Join,
+}
+
+/// How a command gets into its cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Join {
+    /// Through the `/bin/sh` wrapper, which then `exec`s it.
+    Wrapper,
+    /// bash moves itself, reading this [`BASH_JOIN`] file at startup.
+    BashEnv(PathBuf),
+    /// Moved from outside right after the start.
+    Outside,
 }
 
 impl CommandCgroup {
@@ -740,14 +966,35 @@ impl CommandCgroup {
                 method: Method::Sweep,
                 stage: Stage::Running,
             }),
-            by_wrapper,
+            join: match by_wrapper {
+                true => Join::Wrapper,
+                false => Join::Outside,
+            },
         }
     }
 
-    /// Whether the command joins through the wrapper ([`wrapper_args`](Self::wrapper_args)),
-    /// else from outside ([`join`](Self::join)).
+    /// Whether the command joins through the wrapper ([`wrapper_args`](Self::wrapper_args)).
     pub(crate) fn by_wrapper(&self) -> bool {
-        self.by_wrapper
+        self.join == Join::Wrapper
+    }
+
+    /// Whether the command moves itself in before it runs (the wrapper or `BASH_ENV`), so a
+    /// failed move shows as [`join_failed_line`](Self::join_failed_line); else it is moved
+    /// from outside ([`join`](Self::join)).
+    pub(crate) fn joins_itself(&self) -> bool {
+        self.join != Join::Outside
+    }
+
+    /// The variables that make bash move itself in (`BASH_ENV` mode), set over the command's
+    /// environment.
+    pub(crate) fn bash_env(&self) -> Option<[(OsString, OsString); 2]> {
+        match (&self.join, &self.cgroup) {
+            (Join::BashEnv(script), Some(cg)) => Some([
+                ("BASH_ENV".into(), script.as_os_str().to_owned()),
+                (CGROUP_VAR.into(), cg.dir.as_os_str().to_owned()),
+            ]),
+            _ => None,
+        }
     }
 
     /// Move the started process `pid` (not yet reaped, so its pid is still its own) into

@@ -313,8 +313,12 @@ pub struct TakeOutcome {
     pub manifest: Arc<Manifest>,
     /// Nothing changed: nothing was written.
     pub unchanged: bool,
-    /// Files whose content was read and hashed.
+    /// Files whose content was read and hashed (each counted once).
     pub files_hashed: u64,
+    /// Of the files this snapshot read, those modified so close to its listing that the next
+    /// stop could not trust their metadata: read once more after the clock moved on, so it
+    /// can (see [`take`]).
+    pub files_settled: u64,
     /// Bytes written to the store.
     pub bytes_written: u64,
 }
@@ -342,7 +346,10 @@ pub async fn take(
         .parent
         .as_ref()
         .filter(|(r, _)| r.format == spec.format);
-    let plan = Plan::new(&live, parent.map(|(_, m)| &**m));
+    let mut plan = Plan::new(&live, parent.map(|(_, m)| &**m));
+    // Suspects read and found to hold the parent's content (their chunks are reused, not read
+    // again).
+    let mut suspects_same = 0u64;
     if let Some((parent_ref, parent_manifest)) = parent
         && !plan.structural
     {
@@ -384,8 +391,34 @@ pub async fn take(
                 manifest: Arc::new(Manifest { header, entries }),
                 unchanged: true,
                 files_hashed: plan.suspects.len() as u64,
+                files_settled: 0,
                 bytes_written: 0,
             });
+        }
+        if spec.format == SnapshotFormat::Chunked {
+            // Some suspect changed. Those that did not keep the parent's hash and chunks: only
+            // the changed ones are read again (they were read once to hash them).
+            let same: std::collections::HashSet<&RelPath> = plan
+                .suspects
+                .iter()
+                .filter(|p| {
+                    hashes.get(*p).is_some_and(|(h, size)| {
+                        index
+                            .get(*p)
+                            .is_some_and(|e| e.hash.as_ref() == Some(h) && e.size == *size)
+                    })
+                })
+                .collect();
+            for e in &mut plan.entries {
+                if e.hash.is_none() && same.contains(&e.path) {
+                    let p = index.get(&e.path).expect("suspects are in the parent");
+                    e.hash.clone_from(&p.hash);
+                    e.chunks.clone_from(&p.chunks);
+                }
+            }
+            suspects_same = same.len() as u64;
+            let same: std::collections::HashSet<RelPath> = same.into_iter().cloned().collect();
+            plan.changed.retain(|p| !same.contains(p));
         }
     }
     let id = uuid::Uuid::now_v7().to_string();
@@ -407,13 +440,14 @@ pub async fn take(
         }
         SnapshotFormat::Native => unreachable!("native snapshots return above"),
     };
+    let (manifest, files_settled) = settle_racy(handle, spec, &request, manifest).await;
     let manifest_key = manifest_key(ns, &manifest.header.id)?;
     let finished = finish_take(
         spec,
         ns,
         manifest,
         data_bytes,
-        files_hashed,
+        files_hashed + suspects_same,
         request.projection_hash,
     )
     .await;
@@ -425,7 +459,9 @@ pub async fn take(
         doomed.push(manifest_key);
         discard(&*spec.store, &doomed).await;
     }
-    finished
+    let mut outcome = finished?;
+    outcome.files_settled = files_settled;
+    Ok(outcome)
 }
 
 /// Delete `keys`, written by a snapshot that failed before anything referenced them. Best
@@ -443,6 +479,105 @@ async fn discard(store: &dyn SnapshotStore, keys: &[BlobKey]) {
         failed,
         "deleted the blobs of a failed snapshot"
     );
+}
+
+/// At most this many files, of at most this many bytes in all, are settled by a snapshot.
+const SETTLE_MAX_FILES: usize = 4096;
+const SETTLE_MAX_BYTES: u64 = 64 << 20;
+/// The longest a snapshot waits for the clock to move past its racy files' mtimes (precise
+/// mtimes need two coarse-clock ticks; whole-second ones would need up to a second: those are
+/// left racy).
+const SETTLE_MAX_WAIT_NS: i64 = 50_000_000;
+
+/// Files this snapshot read whose mtime is racy against its listing (modified within a clock
+/// tick of it, or in its second for whole-second mtimes) would all be read again by the next
+/// stop, changed or not: a rewrite in the same tick would show the same metadata. Unless the
+/// snapshot settles them: it waits until the clock is past every such mtime by the racy
+/// window (a write from then on gets a later mtime), reads them once more and compares with
+/// what it recorded. A file still the same is then trusted by its metadata from that instant
+/// on, which becomes the manifest's listing time (every file racy against the listing was
+/// settled, and a later instant only makes fewer files racy); a file that changed in between
+/// records no mtime, so the next stop reads it. Skipped (the files stay racy) when there are
+/// too many, or the wait would be long (whole-second mtimes), or the read fails.
+async fn settle_racy(
+    handle: &dyn BoxHandle,
+    spec: &SnapshotSpec,
+    request: &TakeRequest,
+    mut manifest: Manifest,
+) -> (Manifest, u64) {
+    let listed = manifest.header.started_ns;
+    let racy: Vec<usize> = manifest
+        .entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| {
+            e.kind == EntryType::File
+                && e.mtime_ns != 0
+                && e.hash.is_some()
+                && is_racy(e.mtime_ns, listed)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    // Whole-second mtimes (set from an archive header) would need up to a second: those files
+    // record no mtime instead, so the next stop reads them, as it would have anyway.
+    let (coarse, racy): (Vec<usize>, Vec<usize>) = racy
+        .into_iter()
+        .partition(|&i| granularity_ns(manifest.entries[i].mtime_ns) != 0);
+    let bytes: u64 = racy.iter().map(|&i| manifest.entries[i].size).sum();
+    if racy.is_empty() || racy.len() > SETTLE_MAX_FILES || bytes > SETTLE_MAX_BYTES {
+        return (manifest, 0);
+    }
+    let window = racy_window_ns();
+    let until = racy
+        .iter()
+        .map(|&i| {
+            let m = manifest.entries[i].mtime_ns;
+            m.saturating_add(granularity_ns(m)).saturating_add(window)
+        })
+        .max()
+        .unwrap_or(0);
+    let wait = until.saturating_sub(now_ns());
+    if wait > SETTLE_MAX_WAIT_NS {
+        return (manifest, 0);
+    }
+    for &i in &coarse {
+        manifest.entries[i].mtime_ns = 0;
+    }
+    if wait > 0 {
+        // One more millisecond: the timer may fire a little early on the coarse clock.
+        tokio::time::sleep(std::time::Duration::from_nanos(wait as u64 + 1_000_000)).await;
+    }
+    let settled_ns = now_ns();
+    let export = crate::backend::ExportRequest {
+        paths: Some(
+            racy.iter()
+                .map(|&i| manifest.entries[i].path.clone())
+                .collect(),
+        ),
+        exclude: request.exclude.clone(),
+        exclude_globs: request.exclude_globs.clone(),
+    };
+    let hashes = match hash_files(handle, export, spec.policy).await {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::debug!(error = %e, "racy files not settled: the next stop reads them again");
+            for &i in &racy {
+                manifest.entries[i].mtime_ns = 0;
+            }
+            return (manifest, 0);
+        }
+    };
+    for &i in &racy {
+        let e = &mut manifest.entries[i];
+        let same = hashes
+            .get(&e.path)
+            .is_some_and(|(h, size)| e.hash.as_ref() == Some(h) && e.size == *size);
+        if !same {
+            e.mtime_ns = 0; // changed since it was read: the next stop reads it
+        }
+    }
+    manifest.header.started_ns = settled_ns;
+    (manifest, racy.len() as u64)
 }
 
 /// Store `manifest` and describe the new snapshot.
@@ -477,6 +612,7 @@ async fn finish_take(
         manifest: Arc::new(manifest),
         unchanged: false,
         files_hashed,
+        files_settled: 0,
     })
 }
 
@@ -758,10 +894,15 @@ impl Plan {
 /// clock (or a writer: an archive upload sets it from a tar header) with one-second
 /// granularity, so any write up to a second after it would show the same mtime.
 fn is_racy(mtime_ns: i64, listed_ns: i64) -> bool {
-    const SECOND: i64 = 1_000_000_000;
     let window = racy_window_ns();
-    let granularity = if mtime_ns % SECOND == 0 { SECOND } else { 0 };
-    mtime_ns + granularity >= listed_ns.saturating_sub(window)
+    mtime_ns + granularity_ns(mtime_ns) >= listed_ns.saturating_sub(window)
+}
+
+/// How far past `mtime_ns` a write could still show that same mtime: a second for an mtime in
+/// whole seconds, else nothing beyond the coarse clock's tick (in the racy window).
+fn granularity_ns(mtime_ns: i64) -> i64 {
+    const SECOND: i64 = 1_000_000_000;
+    if mtime_ns % SECOND == 0 { SECOND } else { 0 }
 }
 
 /// Files modified this close to (or after) the parent's listing are re-hashed even when their

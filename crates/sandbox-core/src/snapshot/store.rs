@@ -373,9 +373,6 @@ impl SnapshotStore for LocalDirSnapshotStore {
     async fn put(&self, key: &BlobKey, mut data: ByteStream, _size: Option<u64>) -> Result<u64> {
         let path = self.path_of(key);
         let parent = path.parent().expect("keys are non-empty").to_owned();
-        tokio::fs::create_dir_all(&parent)
-            .await
-            .map_err(|e| Error::io(&parent, e))?;
         let tmp = parent.join(format!(
             "{TMP_PREFIX}{}-{}-{}",
             std::process::id(),
@@ -391,11 +388,16 @@ impl SnapshotStore for LocalDirSnapshotStore {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
         // Created here, not in the writer, so a put dropped at any point leaves no file the
         // guard has already missed.
-        let mut file = tokio::fs::File::create(&tmp)
-            .await
-            .map_err(|e| Error::io(&tmp, e))?
-            .into_std()
-            .await;
+        // The directory is created only when missing (a new namespace, a new pack prefix):
+        // each directory created has its parent fsynced, so the blob's path survives a crash
+        // (the fsync of `parent` below covers only the blob's own entry).
+        let (create_at, dir) = (tmp.clone(), parent.clone());
+        let mut file = tokio::task::spawn_blocking(move || {
+            crate::durable::in_dir(&dir, true, || std::fs::File::create(&create_at))
+        })
+        .await
+        .map_err(|e| Error::backend("local", "blob write", e.to_string()))?
+        .map_err(|e| Error::io(&tmp, e))?;
         let file_path = tmp.clone();
         let writer = tokio::task::spawn_blocking(move || -> Result<(std::fs::File, u64)> {
             use std::io::Write as _;

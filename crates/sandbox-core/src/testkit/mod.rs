@@ -1832,6 +1832,62 @@ pub async fn same_size_rewrites_are_snapshotted(fx: &dyn Fixture) {
     .await;
 }
 
+/// A stop after a one-file change reads exactly that file, also when every other file was
+/// written just before the previous stop's listing (in the same clock tick and second): that
+/// stop settles them ([`crate::snapshot::TakeOutcome::files_settled`]). Same-size rewrites
+/// (suspects) and a size change alike. Files are written by commands in the box (the
+/// backend's own filesystem timestamps).
+pub async fn one_change_rehashes_one_file(fx: &dyn Fixture) {
+    let env = Env::of(fx).await;
+    // No spec entries: an ephemeral one is rewritten (and so read) by every call.
+    let m = env.manager(
+        fx.client(Persistence::Keep).await,
+        IsolationScope::Session,
+        SandboxConfig::new(WorkspaceSpec::default()).snapshots(env.snapshot_spec()),
+    );
+    let ctx = env.ctx().session("rehash");
+    let first = call(&m, &ctx, |sb| async move {
+        sh(
+            &sb,
+            "mkdir -p src && i=0; while [ $i -lt 20 ]; do echo content-$i > src/f$i; i=$((i+1)); done",
+        )
+        .await;
+    })
+    .await;
+    let stop = first.stop.expect("stop");
+    assert!(stop.files_hashed >= 20, "first snapshot: {stop:?}");
+    for (what, line) in [
+        ("same-size rewrite", "echo CONTENT-7 > src/f7"),
+        ("size change", "echo changed-content-7 > src/f7"),
+        (
+            "same-size rewrite of another file",
+            "echo CONTENT-3 > src/f3",
+        ),
+    ] {
+        let r = call(&m, &ctx, |sb| async move {
+            sh(&sb, line).await;
+        })
+        .await;
+        let stop = r.stop.expect("stop");
+        assert!(!stop.unchanged, "{what}: the change was missed: {stop:?}");
+        assert_eq!(stop.files_hashed, 1, "{what}: {stop:?}");
+    }
+    let r = call(&m, &ctx, |sb| async move {
+        assert_eq!(
+            read(&sb, "src/f7").await.as_deref(),
+            Some("changed-content-7\n")
+        );
+        assert_eq!(read(&sb, "src/f3").await.as_deref(), Some("CONTENT-3\n"));
+    })
+    .await;
+    let stop = r.stop.expect("stop");
+    assert!(
+        stop.unchanged && stop.files_hashed == 0,
+        "nothing changed: {stop:?}"
+    );
+    cleanup(&m, &ctx).await;
+}
+
 /// Generate one `#[tokio::test]` per conformance scenario for a fixture expression, with
 /// optional extra attributes on each test (e.g. an `#[ignore = "..."]` for tests that need a
 /// service and are run by `cargo xtask test`).
