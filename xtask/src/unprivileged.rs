@@ -1,5 +1,6 @@
-//! `cargo xtask unprivileged-test`: the confined local backend's escape suite and the
-//! conformance kit (confined, the default) run again as an unprivileged user.
+//! `cargo xtask unprivileged-test`: the confined local backend's escape suite, hostile
+//! workloads and the conformance kit (confined, the default) run again as an unprivileged
+//! user.
 //!
 //! The test binaries are built as the invoking user, then run as uid/gid 65534 (`nobody`,
 //! through util-linux's `setpriv`, groups cleared) with `HOME` and `TMPDIR` in a fresh
@@ -21,6 +22,8 @@ pub(crate) fn run() -> Result<(), String> {
             "escape",
             "--test",
             "conformance",
+            "--test",
+            "hostile",
             "--no-run",
             "--message-format=json",
         ])
@@ -41,8 +44,8 @@ pub(crate) fn run() -> Result<(), String> {
             Some(rest[..rest.find('"')?].to_owned())
         })
         .collect();
-    if executables.len() != 2 {
-        return Err(format!("expected 2 test binaries, found {executables:?}"));
+    if executables.len() != 3 {
+        return Err(format!("expected 3 test binaries, found {executables:?}"));
     }
     let root = Command::new("id")
         .arg("-u")
