@@ -12,10 +12,12 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbox_core::snapshot::{GcOptions, SnapshotFormat};
+use sandbox_core::snapshot::{GcOptions, SnapshotFormat, SnapshotStore};
+use sandbox_core::testkit::HookedStore;
 use sandbox_core::{
     BoxGcOptions, CallContext, CreateRequest, ExecRequest, FileStateStore, IsolationScope,
-    Persistence, SandboxClient, SandboxConfig, SandboxManager, SnapshotSpec, WorkspaceSpec,
+    LocalDirSnapshotStore, Persistence, SandboxClient, SandboxConfig, SandboxManager, SnapshotSpec,
+    WorkspaceSpec,
 };
 use sandbox_local::{LocalClient, LocalOptions};
 
@@ -41,12 +43,19 @@ fn client(dir: &Path) -> LocalClient {
 }
 
 fn manager(dir: &Path) -> SandboxManager {
+    manager_on(
+        dir,
+        Arc::new(LocalDirSnapshotStore::new(dir.join("snapshots"))),
+    )
+}
+
+fn manager_on(dir: &Path, store: Arc<dyn SnapshotStore>) -> SandboxManager {
     SandboxManager::builder(Arc::new(client(dir)))
         .state_store(Arc::new(FileStateStore::new(dir.join("states"))))
         .scope(IsolationScope::Session)
         .config(
             SandboxConfig::new(WorkspaceSpec::default()).snapshots(
-                SnapshotSpec::local_dir(dir.join("snapshots"))
+                SnapshotSpec::new(store)
                     .format(SnapshotFormat::Chunked)
                     // Small packs: an upload is many puts, so kills land in them.
                     .pack_size(256 * 1024),
@@ -71,8 +80,15 @@ fn child_role() {
     runtime().block_on(async move {
         match role.as_str() {
             "upload" => {
-                let m = manager(&dir);
-                mark();
+                // A mark as each pack's put starts: the parent aims its kill after one.
+                let local = Arc::new(LocalDirSnapshotStore::new(dir.join("snapshots")));
+                let store = HookedStore::new(local).on_put(|key, data| {
+                    if key.as_str().starts_with("packs/") {
+                        mark();
+                    }
+                    data
+                });
+                let m = manager_on(&dir, Arc::new(store));
                 for i in 0u64.. {
                     let ctx = CallContext::new("crash").session(format!("s{}", i % 3));
                     m.call(&ctx, |sb| async move {
@@ -187,13 +203,15 @@ fn killed_uploads_leave_nothing_after_gc() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     for k in 0..16u64 {
-        // Kill points spread over a few calls (each: a box, a 3 MB file, its snapshot).
+        // Kill points spread over the pack uploads of the first two snapshots (each a 3 MB
+        // file in packs of 256 KiB, about a dozen): after the 1st to the 31st pack's put
+        // started, 0 to 3 ms later. The later ones let a first snapshot complete.
         kill_child(
             "killed_uploads_leave_nothing_after_gc",
             "upload",
             dir,
-            1,
-            Duration::from_millis(40 + 37 * k),
+            1 + 2 * k as usize,
+            Duration::from_millis(k % 4),
         );
     }
     let left = files_named(&dir.join("snapshots"), ".tmp-");

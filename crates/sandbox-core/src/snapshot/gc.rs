@@ -745,3 +745,39 @@ async fn repack(
     tracing::info!(from = %from, to = %to, "repacked a pack");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::LocalDirSnapshotStore;
+    use crate::state_store::MemoryStateStore;
+
+    /// `max_deletions` bounds one run — the leftover sweep first, then unreferenced chunks —
+    /// and what it leaves is counted deferred and deleted by the next runs.
+    #[tokio::test]
+    async fn deletions_per_run_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirSnapshotStore::new(dir.path());
+        for i in 0..5 {
+            let key = BlobKey::new(format!("chunks/aa/{i:064x}")).unwrap();
+            store.put_bytes(&key, "chunk".into()).await.unwrap();
+        }
+        std::fs::write(dir.path().join("chunks/aa/.tmp-1-1-x"), "t").unwrap();
+        std::fs::write(dir.path().join(".tmp-1-2-y"), "t").unwrap();
+        let states = MemoryStateStore::new();
+        let policy = ArchivePolicy::default();
+        let options = GcOptions::default().grace(Duration::ZERO).max_deletions(3);
+        let first = gc(&store, &policy, options, &states).await.unwrap();
+        assert_eq!(first.leftovers.as_ref().map(|l| l.removed), Some(2));
+        assert_eq!((first.chunks_deleted, first.deferred), (1, 4), "{first:?}");
+        let second = gc(&store, &policy, options, &states).await.unwrap();
+        assert_eq!(
+            (second.chunks_deleted, second.deferred),
+            (3, 1),
+            "{second:?}"
+        );
+        let third = gc(&store, &policy, options, &states).await.unwrap();
+        assert_eq!((third.chunks_deleted, third.deferred), (1, 0), "{third:?}");
+        assert!(store.list_all("").await.unwrap().is_empty());
+    }
+}
