@@ -428,7 +428,7 @@ mod tests {
     /// percent-encoding) shows in neither `Debug` nor the error refusing it.
     #[test]
     fn router_url_credentials_are_refused_and_never_shown() {
-        use sandbox_core::testkit::logs::{SECRET, assert_secret_hidden, secret_urls};
+        use sandbox_core::testkit::logs::{assert_secret_hidden, secret_urls};
         let mut shown = Vec::new();
         for url in secret_urls("http", "router.example:8080") {
             for runtime in [Runtime::Legacy, Runtime::default()] {

@@ -917,6 +917,32 @@ mod tests {
             Some("1"),
         ]));
         assert_eq!(empty.unwrap().unwrap().parts, 0);
+        // Hostile counts: a part count that does not match the size (2^64 - 1 parts for one
+        // byte, 2^36 parts for 2^36 bytes in 1 MiB parts) is refused; a consistent huge blob
+        // is accepted and only ever read part by part (nothing is sized from its length).
+        for (size, parts) in [
+            ("1", "18446744073709551615"),
+            ("68719476736", "68719476736"),
+        ] {
+            let m = Meta::parse(&fields([
+                Some(GEN),
+                Some(size),
+                Some(parts),
+                Some("1048576"),
+                Some("1"),
+            ]));
+            assert!(m.is_err(), "{size} bytes in {parts} parts");
+        }
+        let huge = Meta::parse(&fields([
+            Some(GEN),
+            Some("68719476736"),
+            Some("65536"),
+            Some("1048576"),
+            Some("1"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(huge.part_len(65535), 1 << 20);
         for bad in [
             [Some(GEN), None, Some("1"), Some("1024"), Some("1")],
             [Some("zz"), Some("1"), Some("1"), Some("1024"), Some("1")],

@@ -748,9 +748,78 @@ async fn repack(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::snapshot::LocalDirSnapshotStore;
     use crate::state_store::MemoryStateStore;
+    use crate::stream::ByteStream;
+
+    /// A store whose listing reports every blob as `u64::MAX` bytes, written at the epoch (an
+    /// S3-compatible service under an attacker's control, a corrupt index).
+    #[derive(Debug)]
+    struct HugeListing(LocalDirSnapshotStore);
+
+    #[async_trait::async_trait]
+    impl SnapshotStore for HugeListing {
+        fn name(&self) -> &'static str {
+            "huge-listing"
+        }
+        fn reach(&self) -> crate::reach::Reach {
+            self.0.reach()
+        }
+        async fn put(&self, key: &BlobKey, data: ByteStream, size: Option<u64>) -> Result<u64> {
+            self.0.put(key, data, size).await
+        }
+        async fn get(&self, key: &BlobKey) -> Result<ByteStream> {
+            self.0.get(key).await
+        }
+        async fn exists(&self, key: &BlobKey) -> Result<bool> {
+            self.0.exists(key).await
+        }
+        async fn delete(&self, key: &BlobKey) -> Result<()> {
+            self.0.delete(key).await
+        }
+        fn list(&self, prefix: &str) -> crate::snapshot::BlobStream {
+            self.0
+                .list(prefix)
+                .map(|m| m.map(|m| BlobMeta::new(m.key, u64::MAX, Some(0))))
+                .boxed()
+        }
+    }
+
+    /// Sizes from a listing are only added up, saturating: unreferenced chunks and packs of
+    /// `u64::MAX` bytes each are swept and reported, never an overflow panic.
+    #[tokio::test]
+    async fn huge_listed_sizes_are_summed_saturating() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(HugeListing(LocalDirSnapshotStore::new(dir.path())));
+        for n in 0..2u8 {
+            let hash = blake3::hash(&[n]).to_hex().to_string();
+            let chunk = crate::snapshot::chunk_key(&hash).expect("key");
+            store
+                .put_bytes(&chunk, vec![n].into())
+                .await
+                .expect("chunk");
+            let pack = PackId::generate().key();
+            store.put_bytes(&pack, vec![n].into()).await.expect("pack");
+        }
+        let options = GcOptions {
+            grace: Duration::ZERO,
+            ..GcOptions::default()
+        };
+        let report = gc(
+            &*store,
+            &ArchivePolicy::default(),
+            options,
+            &MemoryStateStore::new(),
+        )
+        .await
+        .expect("gc");
+        assert_eq!(report.chunk_bytes_freed, u64::MAX, "{report:?}");
+        assert_eq!(report.pack_bytes_freed, u64::MAX, "{report:?}");
+        assert!(store.list_all("").await.expect("list").is_empty());
+    }
 
     /// `max_deletions` bounds one run — the leftover sweep first, then unreferenced chunks —
     /// and what it leaves is counted deferred and deleted by the next runs.
