@@ -135,8 +135,8 @@ pub struct StopReport {
     pub unchanged: bool,
     /// Files read and hashed (each counted once).
     pub files_hashed: u64,
-    /// Of those, files modified within a clock tick of the listing, read once more after
-    /// the tick so that the next stop can trust their metadata ([`crate::snapshot::take`]).
+    /// Of those, files modified within a clock tick of the listing, read only after that tick
+    /// so that the next stop can trust their metadata ([`crate::snapshot::take`]).
     pub files_settled: u64,
     /// Bytes written to the snapshot store.
     pub bytes_written: u64,

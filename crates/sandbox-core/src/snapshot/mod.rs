@@ -316,8 +316,8 @@ pub struct TakeOutcome {
     /// Files whose content was read and hashed (each counted once).
     pub files_hashed: u64,
     /// Of the files this snapshot read, those modified so close to its listing that the next
-    /// stop could not trust their metadata: read once more after the clock moved on, so it
-    /// can (see [`take`]).
+    /// stop could not trust their metadata: read only once the clock had moved past them, so
+    /// it can (see [`take`]).
     pub files_settled: u64,
     /// Bytes written to the store.
     pub bytes_written: u64,
@@ -347,6 +347,16 @@ pub async fn take(
         .as_ref()
         .filter(|(r, _)| r.format == spec.format);
     let mut plan = Plan::new(&live, parent.map(|(_, m)| &**m));
+    // Before any file is read (suspects' hashes, the snapshot's export).
+    let (read_from_ns, settled, coarse) = settle_before_read(&live, started_ns).await;
+    let coarse: std::collections::HashSet<RelPath> = coarse.into_iter().collect();
+    let unsettled = |entries: &mut Vec<ManifestEntry>| {
+        for e in entries.iter_mut() {
+            if coarse.contains(&e.path) {
+                e.mtime_ns = 0; // whole seconds, racy: the next stop reads it
+            }
+        }
+    };
     // Suspects read and found to hold the parent's content (their chunks are reused, not read
     // again).
     let mut suspects_same = 0u64;
@@ -384,14 +394,15 @@ pub async fn take(
                     e.chunks.clone_from(&p.chunks);
                 }
             }
+            unsettled(&mut entries);
             let mut header = parent_manifest.header.clone();
-            header.started_ns = started_ns;
+            header.started_ns = read_from_ns;
             return Ok(TakeOutcome {
                 snapshot: same,
                 manifest: Arc::new(Manifest { header, entries }),
                 unchanged: true,
                 files_hashed: plan.suspects.len() as u64,
-                files_settled: 0,
+                files_settled: settled.len() as u64,
                 bytes_written: 0,
             });
         }
@@ -427,7 +438,7 @@ pub async fn take(
         spec,
         id: &id,
         namespace: ns,
-        started_ns,
+        started_ns: read_from_ns,
         excludes: &excludes,
         exclude: request.exclude.clone(),
         exclude_globs: request.exclude_globs.clone(),
@@ -440,7 +451,9 @@ pub async fn take(
         }
         SnapshotFormat::Native => unreachable!("native snapshots return above"),
     };
-    let (manifest, files_settled) = settle_racy(handle, spec, &request, manifest).await;
+    let mut manifest = manifest;
+    unsettled(&mut manifest.entries);
+    let files_settled = settled.len() as u64;
     let manifest_key = manifest_key(ns, &manifest.header.id)?;
     let finished = finish_take(
         spec,
@@ -481,103 +494,53 @@ async fn discard(store: &dyn SnapshotStore, keys: &[BlobKey]) {
     );
 }
 
-/// At most this many files, of at most this many bytes in all, are settled by a snapshot.
-const SETTLE_MAX_FILES: usize = 4096;
-const SETTLE_MAX_BYTES: u64 = 64 << 20;
 /// The longest a snapshot waits for the clock to move past its racy files' mtimes (precise
 /// mtimes need two coarse-clock ticks; whole-second ones would need up to a second: those are
-/// left racy).
+/// not waited for).
 const SETTLE_MAX_WAIT_NS: i64 = 50_000_000;
 
-/// Files this snapshot read whose mtime is racy against its listing (modified within a clock
+/// Files a snapshot reads whose mtime is racy against its listing (modified within a clock
 /// tick of it, or in its second for whole-second mtimes) would all be read again by the next
-/// stop, changed or not: a rewrite in the same tick would show the same metadata. Unless the
-/// snapshot settles them: it waits until the clock is past every such mtime by the racy
-/// window (a write from then on gets a later mtime), reads them once more and compares with
-/// what it recorded. A file still the same is then trusted by its metadata from that instant
-/// on, which becomes the manifest's listing time (every file racy against the listing was
-/// settled, and a later instant only makes fewer files racy); a file that changed in between
-/// records no mtime, so the next stop reads it. Skipped (the files stay racy) when there are
-/// too many, or the wait would be long (whole-second mtimes), or the read fails.
-async fn settle_racy(
-    handle: &dyn BoxHandle,
-    spec: &SnapshotSpec,
-    request: &TakeRequest,
-    mut manifest: Manifest,
-) -> (Manifest, u64) {
-    let listed = manifest.header.started_ns;
-    let racy: Vec<usize> = manifest
-        .entries
+/// stop, changed or not: a rewrite in that tick would show the same metadata. Unless the
+/// snapshot *settles* them: it waits, before reading, until the clock is past every such mtime
+/// by the racy window, so a write from then on gets a later mtime; what it reads is then the
+/// content of that metadata, and the instant the read starts becomes the manifest's listing
+/// time (a later instant only makes fewer files racy, and every file racy against the
+/// listing is read after it). Whole-second mtimes would need up to a second: those files
+/// record no mtime instead (the next stop reads them, as it would have), and so do all when
+/// the wait would be longer than [`SETTLE_MAX_WAIT_NS`] (an mtime in the future).
+///
+/// Returns the listing time to record and the racy files: `(settled, coarse)`, by path.
+async fn settle_before_read(live: &[TreeEntry], listed: i64) -> (i64, Vec<RelPath>, Vec<RelPath>) {
+    let racy: Vec<&TreeEntry> = live
         .iter()
-        .enumerate()
-        .filter(|(_, e)| {
-            e.kind == EntryType::File
-                && e.mtime_ns != 0
-                && e.hash.is_some()
-                && is_racy(e.mtime_ns, listed)
-        })
-        .map(|(i, _)| i)
+        .filter(|e| e.kind == EntryType::File && is_racy(e.mtime_ns, listed))
         .collect();
-    // Whole-second mtimes (set from an archive header) would need up to a second: those files
-    // record no mtime instead, so the next stop reads them, as it would have anyway.
-    let (coarse, racy): (Vec<usize>, Vec<usize>) = racy
-        .into_iter()
-        .partition(|&i| granularity_ns(manifest.entries[i].mtime_ns) != 0);
-    let bytes: u64 = racy.iter().map(|&i| manifest.entries[i].size).sum();
-    if racy.is_empty() || racy.len() > SETTLE_MAX_FILES || bytes > SETTLE_MAX_BYTES {
-        return (manifest, 0);
+    if racy.is_empty() {
+        return (listed, Vec::new(), Vec::new());
     }
+    let (coarse, precise): (Vec<&TreeEntry>, Vec<&TreeEntry>) = racy
+        .into_iter()
+        .partition(|e| granularity_ns(e.mtime_ns) != 0);
+    let coarse: Vec<RelPath> = coarse.into_iter().map(|e| e.path.clone()).collect();
     let window = racy_window_ns();
-    let until = racy
+    let until = precise
         .iter()
-        .map(|&i| {
-            let m = manifest.entries[i].mtime_ns;
-            m.saturating_add(granularity_ns(m)).saturating_add(window)
-        })
+        .map(|e| e.mtime_ns.saturating_add(window))
         .max()
         .unwrap_or(0);
     let wait = until.saturating_sub(now_ns());
     if wait > SETTLE_MAX_WAIT_NS {
-        return (manifest, 0);
-    }
-    for &i in &coarse {
-        manifest.entries[i].mtime_ns = 0;
+        let mut all = coarse;
+        all.extend(precise.into_iter().map(|e| e.path.clone()));
+        return (listed, Vec::new(), all);
     }
     if wait > 0 {
         // One more millisecond: the timer may fire a little early on the coarse clock.
         tokio::time::sleep(std::time::Duration::from_nanos(wait as u64 + 1_000_000)).await;
     }
-    let settled_ns = now_ns();
-    let export = crate::backend::ExportRequest {
-        paths: Some(
-            racy.iter()
-                .map(|&i| manifest.entries[i].path.clone())
-                .collect(),
-        ),
-        exclude: request.exclude.clone(),
-        exclude_globs: request.exclude_globs.clone(),
-    };
-    let hashes = match hash_files(handle, export, spec.policy).await {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::debug!(error = %e, "racy files not settled: the next stop reads them again");
-            for &i in &racy {
-                manifest.entries[i].mtime_ns = 0;
-            }
-            return (manifest, 0);
-        }
-    };
-    for &i in &racy {
-        let e = &mut manifest.entries[i];
-        let same = hashes
-            .get(&e.path)
-            .is_some_and(|(h, size)| e.hash.as_ref() == Some(h) && e.size == *size);
-        if !same {
-            e.mtime_ns = 0; // changed since it was read: the next stop reads it
-        }
-    }
-    manifest.header.started_ns = settled_ns;
-    (manifest, racy.len() as u64)
+    let settled = precise.into_iter().map(|e| e.path.clone()).collect();
+    (now_ns(), settled, coarse)
 }
 
 /// Store `manifest` and describe the new snapshot.
