@@ -23,7 +23,17 @@ fn http_pool(name: &str, replicas: u32) -> PoolSpec {
     }
 }
 
+/// A cluster's start removes what killed runs left (by owner label). The test that plants
+/// such leftovers holds this for writing from planting to its own start, so another test's
+/// start (which holds it for reading) cannot remove them first.
+static PLANTING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 async fn cluster() -> TestCluster {
+    let _planting = PLANTING.read().await;
+    start_cluster().await
+}
+
+async fn start_cluster() -> TestCluster {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
@@ -355,6 +365,7 @@ async fn missing_pools_and_templates_and_expiry_are_reported() {
 async fn a_new_cluster_removes_the_leftovers_of_killed_ones() {
     // A "killed run": a container and a network labelled with an owner pid that cannot be
     // alive (above the kernel's pid_max limit).
+    let planting = PLANTING.write().await;
     let stale_id = format!("stale{}", std::process::id());
     let labels = [
         "--label".to_owned(),
@@ -379,7 +390,8 @@ async fn a_new_cluster_removes_the_leftovers_of_killed_ones() {
     assert!(ok.success());
     assert_eq!(containers(&stale_id).len(), 1);
 
-    let c = cluster().await;
+    let c = start_cluster().await;
+    drop(planting);
     assert!(
         containers(&stale_id).is_empty(),
         "the stale container is removed"
