@@ -173,7 +173,8 @@ fn test(args: &[String]) -> Result<(), String> {
     if needs_docker || !fidelity.is_empty() {
         steps.time("docker images", docker_test_preflight)?;
     }
-    let mut cmd = vec!["test", "--all-features"];
+    // Every failing test binary is reported, not only the first.
+    let mut cmd = vec!["test", "--all-features", "--no-fail-fast"];
     if packages.is_empty() {
         cmd.push("--workspace");
     }
