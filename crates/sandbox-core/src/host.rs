@@ -1093,9 +1093,11 @@ mod tests {
                 sorted_lines(&untracked.stdout_str()),
                 "{what}"
             );
-            let cwd = dir.path().to_path_buf();
             for end in [End::Exit, End::Timeout, End::Cancel] {
-                let survived = survivors(dir.path(), end, |script, timeout| {
+                // A directory per round: a round's files must not answer for the next one's.
+                let round = tempfile::tempdir().unwrap();
+                let cwd = round.path().to_path_buf();
+                let survived = survivors(round.path(), end, |script, timeout| {
                     run_tracked(bash(&script, &cwd).timeout(timeout), "test", &tracking)
                 })
                 .await;

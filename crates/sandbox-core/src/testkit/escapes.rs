@@ -172,6 +172,10 @@ where
     let runs = ESCAPES.iter().map(|escape| {
         let name = escape.name;
         let ready = dir.join(format!("{name}.ready"));
+        // A caller may run several rounds in one directory: the last round's files would
+        // prove this round's process ran before it wrote anything.
+        let _ = std::fs::remove_file(&ready);
+        let _ = std::fs::remove_file(dir.join(format!("{name}.pid")));
         let exec = exec(script(escape, end), TIMEOUT);
         async move {
             match end {
