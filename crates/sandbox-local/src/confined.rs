@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use sandbox_confine::{Bind, ConfineError, ConfineOptions, Confined, ExecSpec};
+use sandbox_confine::{Bind, ConfineError, ConfineOptions, Confined, ExecSpec, Spawned};
 use sandbox_core::{CapturedOutput, Error, ExecResult, OutputLimits, Result, read_capped};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -105,20 +105,61 @@ fn receiver(fd: OwnedFd) -> std::io::Result<tokio::net::unix::pipe::Receiver> {
 
 /// Run one command in `confined` and collect its result (output caps, timeout, cancel as
 /// `sandbox_core::host::run`).
+///
+/// The command counts in `inflight` (what `BoxHandle::settle` waits for) from before it is
+/// spawned until both its output pipes reached their end — every process of its PID namespace
+/// is dead — also when this future is dropped: the readers run on tasks of their own, and a
+/// spawn whose caller left meanwhile is killed and drained on the spawning thread.
 pub(crate) async fn run(
     confined: Arc<Confined>,
     mut spec: ExecSpec,
     stdin: Option<Bytes>,
     timeout: Duration,
     limits: OutputLimits,
+    inflight: &sandbox_core::Inflight,
 ) -> Result<ExecResult> {
     let argv0 = spec.argv[0].clone();
     spec.stdin = stdin.is_some();
     let started = Instant::now();
-    let spawned = tokio::task::spawn_blocking(move || confined.spawn(&spec))
-        .await
-        .map_err(|e| cannot(&argv0, e))?
-        .map_err(|e| cannot(&argv0, e))?;
+    // Cleared when this future ends or is dropped: a spawn finishing after that is the
+    // spawning thread's to kill and wait for.
+    let caller = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    struct Leaving(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Leaving {
+        fn drop(&mut self) {
+            self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let leaving = Leaving(caller.clone());
+    let spawning = inflight.enter();
+    let spawned = tokio::task::spawn_blocking(move || {
+        let spawned = confined.spawn(&spec)?;
+        if !caller.load(std::sync::atomic::Ordering::SeqCst) {
+            // Nobody reads it: closing the control stream kills its namespace; the pipes end
+            // when its last process is dead, and only then is it no longer counted.
+            let Spawned {
+                control,
+                stdin,
+                stdout,
+                stderr,
+            } = spawned;
+            drop((control, stdin));
+            for fd in [stdout, stderr] {
+                let mut f = std::fs::File::from(fd);
+                let _ = std::io::copy(&mut f, &mut std::io::sink());
+            }
+            drop(spawning);
+            return Err(std::io::Error::other(
+                "the caller left before the command started",
+            ));
+        }
+        drop(spawning);
+        Ok(spawned)
+    })
+    .await
+    .map_err(|e| cannot(&argv0, e))?
+    .map_err(|e| cannot(&argv0, e))?;
+    drop(leaving);
     let control = std::os::unix::net::UnixStream::from(spawned.control);
     control
         .set_nonblocking(true)
@@ -138,8 +179,19 @@ pub(crate) async fn run(
         }
         _ => None,
     };
-    let out_task = tokio::spawn(read_capped(stdout, limits.stdout));
-    let err_task = tokio::spawn(read_capped(stderr, limits.stderr));
+    // Each reader holds a count until its pipe ends (the command's namespace is dead), on its
+    // own task, so a dropped exec stays counted until then.
+    let (out_count, err_count) = (inflight.enter(), inflight.enter());
+    let out_task = tokio::spawn(async move {
+        let r = read_capped(stdout, limits.stdout).await;
+        drop(out_count);
+        r
+    });
+    let err_task = tokio::spawn(async move {
+        let r = read_capped(stderr, limits.stderr).await;
+        drop(err_count);
+        r
+    });
 
     let status = tokio::time::timeout(timeout, async {
         let len = control.read_u32_le().await? as usize;

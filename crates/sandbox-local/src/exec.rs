@@ -74,7 +74,7 @@ pub(crate) async fn run(cx: ExecContext<'_>, request: ExecRequest) -> Result<Exe
             let spec = sandbox_confine::ExecSpec::new(argv, env, cwd);
             async {
                 let init = slot.get().await?;
-                confined::run(init, spec, stdin, timeout, limits).await
+                confined::run(init, spec, stdin, timeout, limits, cx.inflight).await
             }
             .instrument(span)
             .await

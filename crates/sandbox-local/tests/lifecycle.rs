@@ -409,12 +409,13 @@ async fn files_written_in_the_listing_tick_are_settled_and_not_read_again() {
         }
     };
     write_all("one");
-    // Microseconds after the writes: every file is racy against this listing.
+    // Right after the writes: the files written within the racy window of this listing (all
+    // of them on an idle machine; fewer when the writes themselves took longer) are settled.
     let first = sandbox.stop().await.unwrap();
-    assert_eq!(
-        (first.files_hashed, first.files_settled),
-        (20, 20),
-        "{first:?}"
+    assert_eq!(first.files_hashed, 20, "{first:?}");
+    assert!(
+        (1..=20).contains(&first.files_settled),
+        "no racy file was settled: {first:?}"
     );
     fs::write(root.join("f07"), "ONE-07\n").unwrap();
     let second = sandbox.stop().await.unwrap();
