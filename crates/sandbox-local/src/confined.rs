@@ -153,13 +153,16 @@ pub(crate) async fn run(
                 "the caller left before the command started",
             ));
         }
-        drop(spawning);
-        Ok(spawned)
+        Ok((spawned, spawning))
     })
     .await
     .map_err(|e| cannot(&argv0, e))?
     .map_err(|e| cannot(&argv0, e))?;
     drop(leaving);
+    // Still counted by `spawning` until the readers' counts are taken below. (A drop in the
+    // instant between the spawn's return and this point closes the control stream, which kills
+    // the command, but is not waited for.)
+    let (spawned, spawning) = spawned;
     let control = std::os::unix::net::UnixStream::from(spawned.control);
     control
         .set_nonblocking(true)
@@ -182,6 +185,7 @@ pub(crate) async fn run(
     // Each reader holds a count until its pipe ends (the command's namespace is dead), on its
     // own task, so a dropped exec stays counted until then.
     let (out_count, err_count) = (inflight.enter(), inflight.enter());
+    drop(spawning);
     let out_task = tokio::spawn(async move {
         let r = read_capped(stdout, limits.stdout).await;
         drop(out_count);
