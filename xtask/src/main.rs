@@ -161,7 +161,7 @@ fn test(args: &[String]) -> Result<(), String> {
         }
     }
     let run_tests = wants("tests") || !packages.is_empty();
-    let needs_docker = run_tests
+    let needs_services = run_tests
         && (wants("tests")
             || packages
                 .iter()
@@ -170,7 +170,7 @@ fn test(args: &[String]) -> Result<(), String> {
         .into_iter()
         .filter(|g| all || wants("fidelity") || only.iter().any(|o| o == g))
         .collect();
-    if needs_docker || !fidelity.is_empty() {
+    if needs_services || !fidelity.is_empty() {
         steps.time("docker images", docker_test_preflight)?;
     }
     // Every failing test binary is reported, not only the first.
@@ -181,7 +181,7 @@ fn test(args: &[String]) -> Result<(), String> {
     for p in &packages {
         cmd.extend(["-p", p]);
     }
-    if needs_docker {
+    if needs_services {
         // Installed (a few minutes of compiling the first time) before any service starts.
         let s3fs = steps.time("s3s-fs", s3s_fs)?;
         // The official Python SDKs, pinned (sandboxd's official-SDK test, the fidelity check).
